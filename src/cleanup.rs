@@ -1,0 +1,237 @@
+//! Background deletion of lock nodes nobody wants any more.
+//!
+//! Every lock node this crate creates is owned either by a pending acquire ([`PendingNode`]) or
+//! by a held lock. When the owner goes away — a released or dropped guard, an acquire that failed,
+//! timed out or whose future was dropped at any `.await` — the node is handed to [`Cleanup`],
+//! which deletes it on a task of its own. That task does not depend on the caller's future, and it
+//! retries until the node is gone or the session is dead (then the server deletes it).
+//!
+//! A node whose create reply was never seen is found again by its protection GUID, and deleted
+//! only if its `ephemeral_owner` is our session.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+use zookeeper_client as zk;
+
+use crate::error::{outcome_unknown, session_dead, Error, Result};
+
+/// What to delete.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    /// A node whose full path we know from the create reply.
+    Path(String),
+    /// A node whose create reply was lost: the child of `dir` whose name starts with `protection`
+    /// and whose ephemeral owner is our session, if there is one.
+    Protected { dir: String, protection: String },
+}
+
+/// Deletes unwanted lock nodes in the background. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Cleanup {
+    client: zk::Client,
+    runtime: Arc<OnceLock<Handle>>,
+}
+
+impl Cleanup {
+    pub(crate) fn new(client: zk::Client) -> Cleanup {
+        let runtime = Arc::new(OnceLock::new());
+        if let Ok(handle) = Handle::try_current() {
+            let _ = runtime.set(handle);
+        }
+        Cleanup { client, runtime }
+    }
+
+    pub(crate) fn client(&self) -> &zk::Client {
+        &self.client
+    }
+
+    /// Remembers the current runtime, so a guard dropped outside of it can still clean up.
+    pub(crate) fn remember_runtime(&self) {
+        if self.runtime.get().is_none() {
+            if let Ok(handle) = Handle::try_current() {
+                let _ = self.runtime.set(handle);
+            }
+        }
+    }
+
+    /// Starts deleting `target` on a task of its own; awaiting the handle is optional.
+    pub(crate) fn delete(&self, target: Target) -> Option<JoinHandle<Result<()>>> {
+        let handle = Handle::try_current().ok().or_else(|| self.runtime.get().cloned());
+        let Some(handle) = handle else {
+            warn!(?target, "no tokio runtime to delete a lock node on; it goes away when the session ends");
+            return None;
+        };
+        let client = self.client.clone();
+        Some(handle.spawn(delete_until_gone(client, target)))
+    }
+}
+
+/// Deletes `target`, retrying while the outcome is unknown, until it is gone or the session is dead.
+async fn delete_until_gone(client: zk::Client, target: Target) -> Result<()> {
+    let mut backoff = Backoff::new();
+    loop {
+        let result = match &target {
+            Target::Path(path) => client.delete(path, None).await,
+            Target::Protected { dir, protection } => match find_protected(&client, dir, protection).await {
+                Ok(Some(found)) => client.delete(&found.path, None).await,
+                Ok(None) => Ok(()),
+                Err(err) => Err(err),
+            },
+        };
+        match result {
+            Ok(()) | Err(zk::Error::NoNode) => {
+                debug!(?target, "lock node deleted");
+                return Ok(());
+            },
+            Err(err) if session_dead(&err) => {
+                debug!(?target, %err, "session is dead; the server removes its lock nodes");
+                return Ok(());
+            },
+            Err(err) if outcome_unknown(&err) => {
+                debug!(?target, %err, "retrying lock node deletion");
+                backoff.wait().await;
+            },
+            Err(err) => {
+                warn!(?target, %err, "cannot delete lock node; it goes away when the session ends");
+                let path = match &target {
+                    Target::Path(path) => path.clone(),
+                    Target::Protected { dir, .. } => dir.clone(),
+                };
+                return Err(Error::zk("delete", &path, err));
+            },
+        }
+    }
+}
+
+/// A lock node found by its protection GUID.
+#[derive(Debug)]
+pub(crate) struct Found {
+    pub path: String,
+    pub name: String,
+    pub stat: zk::Stat,
+}
+
+/// Finds the child of `dir` whose name starts with `protection` and which belongs to our session.
+///
+/// `Ok(None)` when there is none (also when `dir` itself is gone).
+pub(crate) async fn find_protected(
+    client: &zk::Client,
+    dir: &str,
+    protection: &str,
+) -> std::result::Result<Option<Found>, zk::Error> {
+    let children = match client.list_children(dir).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let session = client.session_id().0;
+    for name in children.into_iter().filter(|name| name.starts_with(protection)) {
+        let path = format!("{dir}/{name}");
+        match client.get_data(&path).await {
+            Ok((_, stat)) if stat.ephemeral_owner == session => return Ok(Some(Found { path, name, stat })),
+            Ok((_, stat)) => {
+                warn!(
+                    path,
+                    owner = stat.ephemeral_owner,
+                    "a node carries our GUID but belongs to another session; leaving it alone"
+                )
+            },
+            Err(zk::Error::NoNode) => {},
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(None)
+}
+
+/// Retries `op` while its outcome is unknown (connection lost or stalled); the client queues
+/// requests while disconnected, so each retry waits for the connection to come back.
+pub(crate) async fn retry_unknown<T, F, Fut>(mut op: F) -> std::result::Result<T, zk::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, zk::Error>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match op().await {
+            Err(err) if outcome_unknown(&err) => backoff.wait().await,
+            result => return result,
+        }
+    }
+}
+
+/// Exponential backoff from 20 ms to 1 s between retries.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff(Duration::from_millis(20))
+    }
+
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// The lock node of an acquire in progress. If the acquire does not complete — an error, a
+/// timeout, `try_acquire` finding the lock taken, or its future dropped at any `.await` — dropping
+/// this hands the node to [`Cleanup`]. It is armed before the create is sent, so even a node whose
+/// create reply was never seen is found (by GUID) and deleted.
+pub(crate) struct PendingNode {
+    cleanup: Cleanup,
+    dir: String,
+    protection: String,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl PendingNode {
+    pub(crate) fn new(cleanup: Cleanup, dir: &str, protection: String) -> PendingNode {
+        PendingNode { cleanup, dir: dir.to_owned(), protection, path: None, armed: true }
+    }
+
+    /// Records the node's path once the create reply (or a GUID search) told us.
+    pub(crate) fn created(&mut self, path: String) {
+        self.path = Some(path);
+    }
+
+    /// Forgets the node's path after it was found deleted: the next create starts afresh.
+    pub(crate) fn forget(&mut self) {
+        self.path = None;
+    }
+
+    /// The acquire succeeded: the held lock owns the node now.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Deletes the node now and waits for the deletion (used by `try_acquire`).
+    pub(crate) async fn delete_now(mut self) -> Result<()> {
+        self.armed = false;
+        match self.cleanup.delete(self.target()) {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    fn target(&self) -> Target {
+        match &self.path {
+            Some(path) => Target::Path(path.clone()),
+            None => Target::Protected { dir: self.dir.clone(), protection: self.protection.clone() },
+        }
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if self.armed {
+            debug!(target = ?self.target(), "abandoned acquire: deleting its lock node in the background");
+            self.cleanup.delete(self.target());
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The crate's error type.
+
+use zookeeper_client as zk;
+
+/// Result alias used throughout `zk_recipes`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a recipe.
+///
+/// Messages name the path involved and, where there is one, what to do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock path is not a valid ZooKeeper path.
+    #[error("invalid lock path {path:?}: {reason}")]
+    InvalidPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The client's chroot does not exist on the server, so nothing can be created below it.
+    #[error("cannot create {path:?}: the client's chroot does not exist on the server; create the chroot node first")]
+    ChrootMissing {
+        /// The lock path (relative to the chroot).
+        path: String,
+    },
+
+    /// The lock path, or one of its ancestors, is an ephemeral node, which cannot have children.
+    #[error("cannot create lock nodes below {path:?}: it or one of its ancestors is an ephemeral node (ephemeral nodes cannot have children); use a path below persistent or container nodes")]
+    EphemeralParent {
+        /// The lock path.
+        path: String,
+    },
+
+    /// The server refused an operation because of ACLs.
+    #[error("not authorized to {op} {path:?}: check the ACLs of the lock path and its parents and the client's auth")]
+    NoAuth {
+        /// The operation that was refused.
+        op: &'static str,
+        /// The path it was refused on.
+        path: String,
+    },
+
+    /// The ZooKeeper session has expired (or the client failed authentication or was closed).
+    ///
+    /// A `zookeeper_client::Client` never recovers from this: every ephemeral node of the session,
+    /// including any lock node, is gone. Create a new `Client` and a new `InterProcessMutex`.
+    #[error("ZooKeeper session is no longer usable ({state}) while working on {path:?}: its lock nodes are gone; create a new zookeeper_client::Client and a new InterProcessMutex")]
+    SessionLost {
+        /// The lock path.
+        path: String,
+        /// The terminal session state or error that was seen.
+        state: String,
+    },
+
+    /// Our own lock node was deleted by someone else while we were waiting for the lock, too many
+    /// times in a row to keep trying.
+    #[error("our lock node below {path:?} keeps being deleted by another client while we wait; giving up")]
+    LockNodeDeleted {
+        /// The lock path.
+        path: String,
+    },
+
+    /// Any other error reported by ZooKeeper.
+    #[error("ZooKeeper {op} on {path:?} failed: {source}")]
+    ZooKeeper {
+        /// The operation that failed.
+        op: &'static str,
+        /// The path it failed on.
+        path: String,
+        /// What the client library reported.
+        #[source]
+        source: zk::Error,
+    },
+}
+
+impl Error {
+    /// Maps a `zookeeper_client` error on `path` into a recipe error with context.
+    pub(crate) fn zk(op: &'static str, path: &str, source: zk::Error) -> Error {
+        match source {
+            zk::Error::NoAuth => Error::NoAuth { op, path: path.to_owned() },
+            zk::Error::NoChildrenForEphemerals => Error::EphemeralParent { path: path.to_owned() },
+            zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed => {
+                Error::SessionLost { path: path.to_owned(), state: source.to_string() }
+            },
+            source => Error::ZooKeeper { op, path: path.to_owned(), source },
+        }
+    }
+}
+
+/// Whether the outcome of a request that failed with `err` is unknown: it may or may not have
+/// been applied by the server (the connection broke or stalled before the reply arrived).
+///
+/// `zookeeper-client` 0.11 reports a stalled connection as `Error::Custom("no response ...")`.
+pub(crate) fn outcome_unknown(err: &zk::Error) -> bool {
+    matches!(err, zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
+}
+
+/// Whether `err` means the session is dead for good (its ephemeral nodes are or will be gone).
+pub(crate) fn session_dead(err: &zk::Error) -> bool {
+    matches!(err, zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed)
+}

@@ -1,0 +1,101 @@
+//! [`LockGuard`]: proof of holding a lock, and its [`FencingToken`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use tracing::{info_span, Instrument};
+
+use crate::cleanup::Target;
+use crate::error::Result;
+use crate::mutex::{Hold, MutexInner};
+
+/// A token that orders holders of a lock: the `czxid` (creation transaction id) of the holder's
+/// lock node.
+///
+/// Transaction ids are assigned by the ensemble's leader in one total order, so a later holder
+/// of the same lock always has a larger token than an earlier one. Pass it to the resources you
+/// guard and have them reject any token lower than the highest they have seen: that is what
+/// stops a holder that lost the lock without noticing (a long GC pause, a frozen VM) from
+/// overwriting the work of the next holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(i64);
+
+impl FencingToken {
+    /// The token as a number (the node's `czxid`).
+    pub fn as_i64(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Holding a lock: returned by the acquire methods of
+/// [`InterProcessMutex`](crate::InterProcessMutex).
+///
+/// Call [`release`](Self::release) to release and learn whether the lock node was deleted;
+/// dropping the guard releases in the background (the node is deleted by a task that retries
+/// until it is gone or the session is dead). With re-entrant acquires, the node is deleted when
+/// the owner's last guard goes. A guard may be moved to and released from any task.
+#[must_use = "dropping the guard releases the lock"]
+#[derive(Debug)]
+pub struct LockGuard {
+    mutex: Arc<MutexInner>,
+    hold: Arc<Hold>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(mutex: Arc<MutexInner>, hold: Arc<Hold>) -> LockGuard {
+        LockGuard { mutex, hold, released: false }
+    }
+
+    /// Full path of our lock node, e.g. `/locks/orders/_c_<uuid>-lock-0000000007`.
+    pub fn lock_path(&self) -> &str {
+        &self.hold.node.path
+    }
+
+    /// The sequence number of our lock node.
+    pub fn sequence(&self) -> i64 {
+        self.hold.node.sequence
+    }
+
+    /// The fencing token of this hold: the `czxid` of our lock node. Larger for every later
+    /// holder of the same lock path.
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken(self.hold.node.czxid)
+    }
+
+    /// Releases this guard. If it was the owner's last guard, deletes the lock node and waits
+    /// until ZooKeeper confirms (retrying across connection loss); if the session died first,
+    /// the server has removed or will remove the node and this returns `Ok`.
+    ///
+    /// Cancel safe: if this future is dropped, the deletion still completes in the background.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        let Some(node) = self.mutex.release_guard(&self.hold) else {
+            return Ok(());
+        };
+        let span = info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence);
+        match self.mutex.internals.cleanup().delete(Target::Path(node.path)) {
+            Some(task) => async { task.await.unwrap_or(Ok(())) }.instrument(span).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Some(node) = self.mutex.release_guard(&self.hold) {
+            let _span =
+                info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence).entered();
+            self.mutex.internals.cleanup().delete(Target::Path(node.path));
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Shared helpers for the integration tests: a real ZooKeeper through `zk-testcontainers`.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use zk_testcontainers::ZooKeeper;
+use zookeeper_client as zk;
+
+/// The test binary's ZooKeeper server (started once per process).
+pub async fn zookeeper() -> &'static ZooKeeper {
+    match ZooKeeper::shared().await {
+        Ok(zk) => zk,
+        Err(err) => panic!("no ZooKeeper for tests: {err}"),
+    }
+}
+
+/// A new session on the test server.
+pub async fn client() -> zk::Client {
+    zookeeper().await.client().await.expect("connect to ZooKeeper")
+}
+
+/// A lock path nobody used before.
+pub fn unique_path(name: &str) -> String {
+    format!("/zkr-tests/{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The children of `path` (empty if it does not exist).
+pub async fn children(client: &zk::Client, path: &str) -> Vec<String> {
+    match client.list_children(path).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(err) => panic!("list {path}: {err}"),
+    }
+}
+
+/// Polls `check` until it is true, panicking with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("not within {limit:?}: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Waits until the lock directory `path` has no children left (or is gone).
+pub async fn assert_no_nodes_left(client: &zk::Client, path: &str) {
+    eventually(Duration::from_secs(10), &format!("{path} has no lock nodes left"), || async {
+        children(client, path).await.is_empty()
+    })
+    .await;
+}
+
+/// Installs a tracing subscriber once (RUST_LOG controls it).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
