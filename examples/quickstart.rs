@@ -20,13 +20,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("ZooKeeper at {} ({:?})", zookeeper.connect_string(), zookeeper.backend());
 
     let path = format!("/quickstart/orders-{}", std::process::id());
+    // (grant number, fencing token) of every grant, in grant order.
+    let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut contenders = Vec::new();
     for name in ["alpha", "bravo", "charlie", "delta"] {
         // One session per contender, as if each were a separate process.
         let client = zookeeper.client().await?;
         let mutex = InterProcessMutex::builder(client, path.as_str()).node_data(name).build()?;
+        let grants = grants.clone();
         contenders.push(tokio::spawn(async move {
-            let mut grants = Vec::new();
             for round in 0..2 {
                 let guard = mutex.acquire().await?;
                 println!(
@@ -35,19 +37,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     guard.sequence(),
                     guard.fencing_token()
                 );
-                grants.push(guard.fencing_token());
+                grants.lock().map_err(|_| "poisoned")?.push(guard.fencing_token());
                 tokio::time::sleep(Duration::from_millis(50)).await; // the critical section
                 guard.release().await?;
             }
-            Ok::<_, zk_recipes::Error>(grants)
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         }));
     }
-    let mut tokens = Vec::new();
     for contender in contenders {
-        tokens.extend(contender.await??);
+        contender.await?.map_err(|err| err.to_string())?;
     }
-    tokens.sort();
-    tokens.dedup();
-    println!("{} grants, every fencing token distinct and increasing with grant order", tokens.len());
+    let tokens = grants.lock().map_err(|_| "poisoned")?.clone();
+    let increasing = tokens.windows(2).all(|pair| pair[0] < pair[1]);
+    println!("{} grants; fencing tokens strictly increase in grant order: {increasing}", tokens.len());
+    if !increasing {
+        return Err("fencing tokens out of order".into());
+    }
     Ok(())
 }
