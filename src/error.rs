@@ -2,6 +2,8 @@
 
 use zookeeper_client as zk;
 
+use crate::state::LossReason;
+
 /// Result alias used throughout `zk_recipes`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -53,6 +55,16 @@ pub enum Error {
         path: String,
         /// The terminal session state or error that was seen.
         state: String,
+    },
+
+    /// A re-entrant acquire found the current task's hold of the lock lost. Release (or drop) the
+    /// task's guards of the lost hold first; the next acquire then queues afresh.
+    #[error("the current task's hold of {path:?} was lost ({reason}); release its guards before acquiring again")]
+    LockLost {
+        /// The lock path.
+        path: String,
+        /// Why the hold was lost.
+        reason: LossReason,
     },
 
     /// Our own lock node was deleted by someone else while we were waiting for the lock, too many

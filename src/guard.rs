@@ -7,7 +7,9 @@ use tracing::{info_span, Instrument};
 
 use crate::cleanup::Target;
 use crate::error::Result;
+use crate::fenced::FencedWriter;
 use crate::mutex::{Hold, MutexInner};
+use crate::state::{LockState, LossReason};
 
 /// A token that orders holders of a lock: the `czxid` (creation transaction id) of the holder's
 /// lock node.
@@ -67,6 +69,53 @@ impl LockGuard {
     /// holder of the same lock path.
     pub fn fencing_token(&self) -> FencingToken {
         FencingToken(self.hold.node.czxid)
+    }
+
+    /// What this process knows about the lock right now: `Held`, `Suspended` (only under
+    /// [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline)) or `Lost(reason)`.
+    /// `Lost` is final.
+    pub fn state(&self) -> LockState {
+        self.hold.interest.notify_one();
+        *self.hold.state.borrow()
+    }
+
+    /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
+    /// is lost.
+    ///
+    /// Cancel safe, and any number of tasks may wait on it. The usual shape is a `select!`
+    /// between the work and `lost()`:
+    ///
+    /// ```no_run
+    /// # async fn work() {}
+    /// # async fn demo(guard: zk_recipes::LockGuard) {
+    /// tokio::select! {
+    ///     _ = work() => {},
+    ///     reason = guard.lost() => eprintln!("stopping: lock lost ({reason})"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn lost(&self) -> LossReason {
+        self.hold.interest.notify_one();
+        let mut state = self.hold.state.subscribe();
+        let reason = match state.wait_for(|state| matches!(state, LockState::Lost(_))).await {
+            Ok(state) => match *state {
+                LockState::Lost(reason) => Some(reason),
+                _ => None,
+            },
+            // Cannot happen: the sender lives in the hold this guard keeps alive.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
+    /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
+    pub fn fenced_writer(&self) -> FencedWriter<'_> {
+        self.hold.interest.notify_one();
+        FencedWriter::new(self, self.mutex.internals.client())
     }
 
     /// Releases this guard. If it was the owner's last guard, deletes the lock node and waits

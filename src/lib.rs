@@ -19,14 +19,18 @@ mod cleanup;
 mod driver;
 mod engine;
 mod error;
+mod fenced;
 mod guard;
 mod mutex;
 mod naming;
 mod path;
+mod state;
 
 pub use error::{Error, Result};
+pub use fenced::{FencedWriteError, FencedWriter};
 pub use guard::{FencingToken, LockGuard};
 pub use mutex::{InterProcessMutex, MutexBuilder, Participant};
+pub use state::{LockState, LossPolicy, LossReason};
 
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]

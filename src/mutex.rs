@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::naming::MUTEX_LOCK_NAME;
 use crate::path::validate_lock_path;
+use crate::state::{monitor_hold, HoldState, LockState, LossPolicy};
 
 const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
 
@@ -70,6 +71,7 @@ pub struct InterProcessMutex {
 pub(crate) struct MutexInner {
     pub(crate) internals: LockInternals,
     holds: Mutex<HashMap<Owner, HoldEntry>>,
+    loss_policy: LossPolicy,
 }
 
 /// Who holds a re-entrant lock: a tokio task, or a thread outside any task.
@@ -88,11 +90,22 @@ impl Owner {
     }
 }
 
-/// One owner's hold of the lock: our node, shared by all of the owner's guards.
+/// One owner's hold of the lock: our node, shared by all of the owner's guards, and what is known
+/// about it (kept up to date by a monitor task that ends with the hold).
 #[derive(Debug)]
 pub(crate) struct Hold {
     pub(crate) node: LockNode,
     pub(crate) owner: Owner,
+    pub(crate) state: HoldState,
+    /// Notified when the holder first looks at the state (see `state::monitor_hold`).
+    pub(crate) interest: Arc<tokio::sync::Notify>,
+    monitor: tokio::task::AbortHandle,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
 }
 
 #[derive(Debug)]
@@ -121,9 +134,17 @@ pub struct MutexBuilder {
     client: zk::Client,
     path: String,
     node_data: Vec<u8>,
+    loss_policy: LossPolicy,
 }
 
 impl MutexBuilder {
+    /// When a lost connection means a lost lock; see [`LossPolicy`]. The default is
+    /// [`LossPolicy::Suspended`], Curator's standard: any disconnection loses the lock.
+    pub fn loss_policy(mut self, policy: LossPolicy) -> MutexBuilder {
+        self.loss_policy = policy;
+        self
+    }
+
     /// Bytes stored in each lock node this mutex creates, e.g. `host:port` of the holder, so
     /// operators (and [`InterProcessMutex::participants`]) can tell who holds or waits.
     /// Curator's default is the local IP address; ours is empty.
@@ -137,7 +158,8 @@ impl MutexBuilder {
     pub fn build(self) -> Result<InterProcessMutex> {
         validate_lock_path(&self.path)?;
         let internals = LockInternals::new(self.client, self.path, self.node_data);
-        Ok(InterProcessMutex { inner: Arc::new(MutexInner { internals, holds: Mutex::new(HashMap::new()) }) })
+        let holds = Mutex::new(HashMap::new());
+        Ok(InterProcessMutex { inner: Arc::new(MutexInner { internals, holds, loss_policy: self.loss_policy }) })
     }
 }
 
@@ -161,7 +183,7 @@ impl InterProcessMutex {
     /// # }
     /// ```
     pub fn builder(client: zk::Client, path: impl Into<String>) -> MutexBuilder {
-        MutexBuilder { client, path: path.into(), node_data: Vec::new() }
+        MutexBuilder { client, path: path.into(), node_data: Vec::new(), loss_policy: LossPolicy::default() }
     }
 
     /// The lock path.
@@ -202,7 +224,7 @@ impl InterProcessMutex {
 
     async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
         let owner = Owner::current();
-        if let Some(guard) = self.reenter(owner) {
+        if let Some(guard) = self.reenter(owner)? {
             return Ok(Some(guard));
         }
         let span = info_span!("acquire", lock_path = %self.path(), sequence = field::Empty);
@@ -220,15 +242,29 @@ impl InterProcessMutex {
         self.inner.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn reenter(&self, owner: Owner) -> Option<LockGuard> {
+    fn reenter(&self, owner: Owner) -> Result<Option<LockGuard>> {
         let mut holds = self.holds();
-        let entry = holds.get_mut(&owner)?;
+        let Some(entry) = holds.get_mut(&owner) else {
+            return Ok(None);
+        };
+        if let LockState::Lost(reason) = *entry.hold.state.borrow() {
+            return Err(Error::LockLost { path: self.path().to_owned(), reason });
+        }
         entry.guards += 1;
-        Some(LockGuard::new(self.inner.clone(), entry.hold.clone()))
+        Ok(Some(LockGuard::new(self.inner.clone(), entry.hold.clone())))
     }
 
     fn register(&self, owner: Owner, node: LockNode) -> LockGuard {
-        let hold = Arc::new(Hold { node, owner });
+        let state: HoldState = Arc::new(tokio::sync::watch::Sender::new(LockState::Held));
+        let interest = Arc::new(tokio::sync::Notify::new());
+        let monitor = tokio::spawn(monitor_hold(
+            self.inner.internals.cleanup().clone(),
+            node.path.clone(),
+            state.clone(),
+            self.inner.loss_policy,
+            interest.clone(),
+        ));
+        let hold = Arc::new(Hold { node, owner, state, interest, monitor: monitor.abort_handle() });
         let mut holds = self.holds();
         // Only one of an owner's acquires can be granted at a time (a second one queues behind
         // the first), so there is no entry for this owner here.

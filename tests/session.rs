@@ -1,0 +1,368 @@
+//! Session loss and fencing against a real ZooKeeper, with real faults: a TCP proxy that stalls,
+//! cuts or refuses connections or loses a reply, expired sessions and a restarted server.
+//! Every test checks that no two holders overlap and that no lock node is left behind.
+
+mod common;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use zk_recipes::{Error, FencedWriteError, InterProcessMutex, LockState, LossPolicy, LossReason};
+use zk_testcontainers::{expire_session, op, FaultProxy, ZooKeeper};
+use zookeeper_client as zk;
+
+/// A client whose traffic goes through a fault proxy.
+async fn proxied_client(zk: &ZooKeeper, session_timeout: Duration) -> (FaultProxy, zk::Client) {
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let client = zk.connector().with_session_timeout(session_timeout).connect(&proxy.addr()).await.expect("connect");
+    (proxy, client)
+}
+
+async fn resource(client: &zk::Client, name: &str) -> String {
+    let path = unique_path(name);
+    client.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    path
+}
+
+/// Spawns a contender that records when it was granted the lock and its fencing token.
+fn contend(mutex: InterProcessMutex) -> tokio::task::JoinHandle<(Instant, zk_recipes::LockGuard)> {
+    tokio::spawn(async move {
+        let guard = mutex.acquire().await.expect("contender acquires");
+        (Instant::now(), guard)
+    })
+}
+
+/// 1. The holder's connection stalls past the session timeout: it learns of the loss before
+///    anyone else is granted the lock, its fenced write fails and its token is lower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_holder_learns_before_the_next_grant() {
+    let zk = zookeeper().await;
+    let path = unique_path("stall");
+    let (proxy, holder_client) = proxied_client(zk, Duration::from_secs(3)).await;
+    let holder = InterProcessMutex::new(holder_client, &path).unwrap();
+    let guard = holder.acquire().await.unwrap();
+    assert_eq!(guard.state(), LockState::Held);
+    let other = InterProcessMutex::new(client().await, &path).unwrap();
+    let contender = contend(other);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!contender.is_finished());
+
+    let stalled_at = Instant::now();
+    proxy.stall();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("holder told");
+    let lost_at = Instant::now();
+    assert_eq!(reason, LossReason::ConnectionSuspended);
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+    let (granted_at, new_guard) = tokio::time::timeout(Duration::from_secs(15), contender).await.unwrap().unwrap();
+    eprintln!(
+        "stall → holder told after {:?}, next holder granted after {:?}",
+        lost_at - stalled_at,
+        granted_at - stalled_at
+    );
+    assert!(lost_at < granted_at, "the old holder learned of the loss only after the next grant");
+
+    let config = resource(&client().await, "stall-config").await;
+    let mut write = guard.fenced_writer();
+    write.add_set_data(&config, b"stale", None).unwrap();
+    assert!(matches!(write.commit().await, Err(FencedWriteError::LockLost)));
+    assert!(guard.fencing_token() < new_guard.fencing_token());
+    let mut write = new_guard.fenced_writer();
+    write.add_set_data(&config, b"fresh", None).unwrap();
+    write.commit().await.expect("the new holder writes");
+
+    proxy.pass();
+    drop(guard);
+    new_guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// 2a. Under `SessionDeadline`, a disconnection shorter than the deadline keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_deadline_tolerates_a_short_disconnect() {
+    let zk = zookeeper().await;
+    let path = unique_path("deadline-short");
+    let (proxy, holder_client) = proxied_client(zk, Duration::from_secs(4)).await;
+    let holder =
+        InterProcessMutex::builder(holder_client, &path).loss_policy(LossPolicy::SessionDeadline).build().unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let other = InterProcessMutex::new(client().await, &path).unwrap();
+
+    proxy.refuse(true);
+    proxy.cut();
+    eventually(Duration::from_secs(5), "holder suspended", || async { guard.state() == LockState::Suspended }).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(guard.state(), LockState::Suspended);
+    proxy.refuse(false);
+    eventually(Duration::from_secs(5), "holder held again", || async { guard.state() == LockState::Held }).await;
+    assert!(other.try_acquire().await.unwrap().is_none(), "the lock must still be ours");
+    // Still held well after the deadline would have passed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(guard.state(), LockState::Held);
+    let mut write = guard.fenced_writer();
+    write.add_check_version(&path, -1).unwrap();
+    write.commit().await.expect("fenced write after reconnect");
+    guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// 2b. Under `SessionDeadline`, a longer outage is reported before the server expires the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_deadline_reports_loss_before_server_expiry() {
+    let zk = zookeeper().await;
+    let path = unique_path("deadline-long");
+    let timeout = Duration::from_secs(4);
+    let (proxy, holder_client) = proxied_client(zk, timeout).await;
+    let holder =
+        InterProcessMutex::builder(holder_client, &path).loss_policy(LossPolicy::SessionDeadline).build().unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let contender = contend(InterProcessMutex::new(client().await, &path).unwrap());
+
+    let stalled_at = Instant::now();
+    proxy.stall();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("holder told");
+    let lost_at = Instant::now();
+    assert_eq!(reason, LossReason::SessionDeadlinePassed);
+    let (granted_at, new_guard) = tokio::time::timeout(Duration::from_secs(15), contender).await.unwrap().unwrap();
+    eprintln!(
+        "deadline policy: stall → holder told after {:?}, server expired and next holder granted after {:?}",
+        lost_at - stalled_at,
+        granted_at - stalled_at
+    );
+    assert!(lost_at - stalled_at <= timeout * 3 / 4 + Duration::from_millis(200));
+    assert!(lost_at < granted_at);
+    assert!(guard.fencing_token() < new_guard.fencing_token());
+    proxy.pass();
+    drop(guard);
+    new_guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// 3a. Session expired while holding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expired_while_holding() {
+    let zk = zookeeper().await;
+    for policy in [LossPolicy::Suspended, LossPolicy::SessionDeadline] {
+        let path = unique_path("expired-holding");
+        let holder_client = zk.client().await.unwrap();
+        let holder = InterProcessMutex::builder(holder_client.clone(), &path).loss_policy(policy).build().unwrap();
+        let guard = holder.acquire().await.unwrap();
+        let contender = contend(InterProcessMutex::new(client().await, &path).unwrap());
+        expire_session(zk.connect_string(), &holder_client).await.unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("holder told");
+        match policy {
+            // The expiry first shows as a lost connection.
+            LossPolicy::Suspended => {
+                assert!(matches!(reason, LossReason::ConnectionSuspended | LossReason::SessionExpired), "{reason:?}")
+            },
+            _ => assert_eq!(reason, LossReason::SessionExpired),
+        }
+        let mut write = guard.fenced_writer();
+        write.add_check_version(&path, -1).unwrap();
+        assert!(matches!(write.commit().await, Err(FencedWriteError::LockLost)));
+        let (_, new_guard) = tokio::time::timeout(Duration::from_secs(10), contender).await.unwrap().unwrap();
+        assert!(guard.fencing_token() < new_guard.fencing_token());
+        // A re-entrant acquire on a lost hold is refused with the reason.
+        assert!(matches!(holder.try_acquire().await, Err(Error::LockLost { .. })));
+        drop(guard);
+        // The dead client cannot acquire again, and says what to do.
+        let err = holder.try_acquire().await.unwrap_err();
+        assert!(matches!(err, Error::SessionLost { .. }), "{err:?}");
+        assert!(err.to_string().contains("new zookeeper_client::Client"), "{err}");
+        new_guard.release().await.unwrap();
+        assert_no_nodes_left(&client().await, &path).await;
+    }
+}
+
+/// 3b. Session expired while waiting: the acquire fails with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expired_while_waiting() {
+    let zk = zookeeper().await;
+    let path = unique_path("expired-waiting");
+    let holder = InterProcessMutex::new(client().await, &path).unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let waiter_client = zk.client().await.unwrap();
+    let waiter = InterProcessMutex::new(waiter_client.clone(), &path).unwrap();
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    eventually(Duration::from_secs(10), "waiter queued", || async { holder.participants().await.unwrap().len() == 2 })
+        .await;
+    expire_session(zk.connect_string(), &waiter_client).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("waiter ends").unwrap();
+    let err = result.expect_err("an expired waiter cannot be granted");
+    assert!(matches!(err, Error::SessionLost { .. }), "{err:?}");
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// 4. The create is applied but its reply is lost: exactly one node, and the acquire succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_applied_but_reply_lost() {
+    let zk = zookeeper().await;
+    let observer = client().await;
+    for contended in [false, true] {
+        let path = resource(&observer, "reply-lost").await;
+        let (proxy, proxied) = proxied_client(zk, Duration::from_secs(4)).await;
+        let holder = if contended { Some(InterProcessMutex::new(client().await, &path).unwrap()) } else { None };
+        let held = match &holder {
+            Some(holder) => Some(holder.acquire().await.unwrap()),
+            None => None,
+        };
+        let mutex = InterProcessMutex::new(proxied, &path).unwrap();
+        proxy.drop_reply_to_next(&[op::CREATE, op::CREATE2]);
+        let acquiring = tokio::spawn({
+            let mutex = mutex.clone();
+            async move { mutex.acquire().await }
+        });
+        eventually(Duration::from_secs(10), "the create's reply was dropped", || async { !proxy.drop_reply_armed() })
+            .await;
+        let expected = if contended { 2 } else { 1 };
+        eventually(Duration::from_secs(10), "our node exists", || async {
+            children(&observer, &path).await.len() == expected
+        })
+        .await;
+        if let Some(held) = held {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(children(&observer, &path).await.len(), 2, "a retried create left a second node");
+            held.release().await.unwrap();
+        }
+        let guard = tokio::time::timeout(Duration::from_secs(15), acquiring).await.unwrap().unwrap().unwrap();
+        let nodes = children(&observer, &path).await;
+        assert_eq!(nodes.len(), 1, "exactly one node: {nodes:?}");
+        assert!(guard.lock_path().ends_with(&nodes[0]));
+        assert_eq!(guard.state(), LockState::Held);
+        guard.release().await.unwrap();
+        assert_no_nodes_left(&observer, &path).await;
+    }
+}
+
+/// 5. Our node is deleted by another client: the holder is told, the next waiter acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_node_deleted_by_another_client() {
+    let path = unique_path("deleted");
+    let admin = client().await;
+    let holder = InterProcessMutex::new(client().await, &path).unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let contender = contend(InterProcessMutex::new(client().await, &path).unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    admin.delete(guard.lock_path(), None).await.unwrap();
+    // Whether or not the holder has heard yet, a fenced write can no longer succeed.
+    let mut write = guard.fenced_writer();
+    write.add_check_version(&path, -1).unwrap();
+    assert!(matches!(write.commit().await, Err(FencedWriteError::LockLost)));
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.unwrap();
+    assert_eq!(reason, LossReason::NodeDeleted);
+    let (_, next) = tokio::time::timeout(Duration::from_secs(10), contender).await.unwrap().unwrap();
+    assert_eq!(next.state(), LockState::Held);
+    drop(guard);
+    next.release().await.unwrap();
+    assert_no_nodes_left(&admin, &path).await;
+}
+
+/// 6. The (standalone) server restarts while there are holders and waiters: everyone either
+///    keeps the lock or is told it lost it, and the queue drains afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_with_holders_and_waiters() {
+    let zk = ZooKeeper::start().await.expect("dedicated server");
+    let path = unique_path("restart");
+    let timeout = Duration::from_secs(15);
+    let holder = InterProcessMutex::new(zk.client_with_timeout(timeout).await.unwrap(), &path).unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let highest = Arc::new(AtomicI64::new(guard.fencing_token().as_i64()));
+    let mut waiters = Vec::new();
+    for policy in [LossPolicy::Suspended, LossPolicy::SessionDeadline, LossPolicy::Suspended] {
+        let mutex = InterProcessMutex::builder(zk.client_with_timeout(timeout).await.unwrap(), &path)
+            .loss_policy(policy)
+            .build()
+            .unwrap();
+        let highest = highest.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = mutex.acquire().await.expect("waiter survives the restart");
+            let token = guard.fencing_token().as_i64();
+            // Strictly increasing tokens = no two grants of one node, in grant order.
+            assert!(highest.fetch_max(token, Ordering::SeqCst) < token);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+    }
+    eventually(Duration::from_secs(10), "all queued", || async { holder.participants().await.unwrap().len() == 4 })
+        .await;
+    zk.restart().await.expect("restart");
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("holder told");
+    assert_eq!(reason, LossReason::ConnectionSuspended);
+    drop(guard);
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("queue drains").unwrap();
+    }
+    assert_no_nodes_left(&zk.client().await.unwrap(), &path).await;
+}
+
+/// 7. Acquires cancelled while the connection is stalled leave no node once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_during_a_stall_leave_no_nodes() {
+    let zk = zookeeper().await;
+    let path = unique_path("stall-cancel");
+    let observer = client().await;
+    let holder = InterProcessMutex::new(client().await, &path).unwrap();
+    let (proxy, proxied) = proxied_client(zk, Duration::from_secs(8)).await;
+    let mutex = InterProcessMutex::new(proxied.clone(), &path).unwrap();
+    for stall in [Duration::from_millis(500), Duration::from_secs(4)] {
+        let held = holder.acquire().await.unwrap();
+        proxy.stall();
+        for i in 0..5 {
+            let cancel_after = Duration::from_millis(20 * i);
+            assert!(tokio::time::timeout(cancel_after, mutex.acquire()).await.is_err());
+            assert!(tokio::time::timeout(cancel_after, mutex.try_acquire()).await.is_err());
+        }
+        tokio::time::sleep(stall).await;
+        proxy.pass();
+        eventually(Duration::from_secs(10), "only the holder's node left", || async {
+            children(&observer, &path).await.len() == 1
+        })
+        .await;
+        held.release().await.unwrap();
+        assert_no_nodes_left(&observer, &path).await;
+    }
+    assert!(!proxied.state().is_terminated(), "the session survived the stalls");
+    mutex.acquire().await.unwrap().release().await.unwrap();
+}
+
+/// 8. A resource that remembers the highest fencing token rejects the stale holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_rejects_stale_fencing_tokens() {
+    struct Resource {
+        highest: Option<zk_recipes::FencingToken>,
+        value: &'static str,
+    }
+    impl Resource {
+        fn write(&mut self, token: zk_recipes::FencingToken, value: &'static str) -> bool {
+            if self.highest.is_some_and(|highest| token < highest) {
+                return false;
+            }
+            self.highest = Some(token);
+            self.value = value;
+            true
+        }
+    }
+    let zk = zookeeper().await;
+    let path = unique_path("fenced-resource");
+    let (proxy, stale_client) = proxied_client(zk, Duration::from_secs(2)).await;
+    let stale = InterProcessMutex::new(stale_client, &path).unwrap().acquire().await.unwrap();
+    let mut resource = Resource { highest: None, value: "" };
+    assert!(resource.write(stale.fencing_token(), "first"));
+    // The stale holder is "paused": it never looks at lost() and its session expires.
+    proxy.stall();
+    let fresh =
+        tokio::time::timeout(Duration::from_secs(15), InterProcessMutex::new(client().await, &path).unwrap().acquire())
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(resource.write(fresh.fencing_token(), "second"));
+    assert!(!resource.write(stale.fencing_token(), "stale"), "stale token accepted");
+    assert_eq!(resource.value, "second");
+    proxy.pass();
+    drop(stale);
+    fresh.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
