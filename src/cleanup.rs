@@ -18,7 +18,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
+use crate::engine::LockNode;
 use crate::error::{outcome_unknown, session_dead, Error, Result};
+use crate::naming::LockChild;
+use crate::view::DirView;
 
 /// What to delete.
 #[derive(Clone, Debug)]
@@ -60,24 +63,62 @@ impl Cleanup {
     }
 
     /// Starts deleting `target` on a task of its own; awaiting the handle is optional.
+    ///
+    /// The first delete request of a known path is sent before this returns, so it is ordered
+    /// before anything the caller sends next on the session (a release followed by the next
+    /// acquire costs no extra round trip, and the next listing no longer shows the old node).
     pub(crate) fn delete(&self, target: Target) -> Option<JoinHandle<Result<()>>> {
+        self.delete_and_forget(target, None)
+    }
+
+    /// Deletes one of our lock nodes; once it is gone, also removes it from the directory view
+    /// it was waited with.
+    pub(crate) fn delete_node(&self, node: &LockNode) -> Option<JoinHandle<Result<()>>> {
+        let forget = node.view.clone().map(|view| {
+            let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
+            (view, LockChild { name, sequence: node.sequence })
+        });
+        self.delete_and_forget(Target::Path(node.path.clone()), forget)
+    }
+
+    fn delete_and_forget(
+        &self,
+        target: Target,
+        forget: Option<(Arc<DirView>, LockChild)>,
+    ) -> Option<JoinHandle<Result<()>>> {
         let handle = Handle::try_current().ok().or_else(|| self.runtime.get().cloned());
         let Some(handle) = handle else {
             warn!(?target, "no tokio runtime to delete a lock node on; it goes away when the session ends");
             return None;
         };
         let client = self.client.clone();
-        Some(handle.spawn(delete_until_gone(client, target)))
+        let first = match &target {
+            Target::Path(path) => Some(client.delete(path, None)),
+            Target::Protected { .. } => None,
+        };
+        Some(handle.spawn(async move {
+            let result = delete_until_gone(client, target, first).await;
+            if let (Ok(()), Some((view, child))) = (&result, forget) {
+                view.deleted(&child);
+            }
+            result
+        }))
     }
 }
 
-/// Deletes `target`, retrying while the outcome is unknown, until it is gone or the session is dead.
-async fn delete_until_gone(client: zk::Client, target: Target) -> Result<()> {
+/// Deletes `target`, retrying while the outcome is unknown, until it is gone or the session is
+/// dead. `first` is a delete of the target's path already sent.
+async fn delete_until_gone(
+    client: zk::Client,
+    target: Target,
+    mut first: Option<impl Future<Output = std::result::Result<(), zk::Error>>>,
+) -> Result<()> {
     let mut backoff = Backoff::new();
     loop {
-        let result = match &target {
-            Target::Path(path) => client.delete(path, None).await,
-            Target::Protected { dir, protection } => match find_protected(&client, dir, protection).await {
+        let result = match (first.take(), &target) {
+            (Some(sent), _) => sent.await,
+            (None, Target::Path(path)) => client.delete(path, None).await,
+            (None, Target::Protected { dir, protection }) => match find_protected(&client, dir, protection).await {
                 Ok(Some(found)) => client.delete(&found.path, None).await,
                 Ok(None) => Ok(()),
                 Err(err) => Err(err),

@@ -1,15 +1,15 @@
-//! What differs between lock recipes: given the lock nodes in queue order and the index of ours,
-//! do we hold it, and whose deletion do we wait for? (Curator's `LockInternalsDriver`.)
+//! What differs between lock recipes: given the lock nodes ahead of ours, do we hold the lock,
+//! and whose deletion do we wait for? (Curator's `LockInternalsDriver`.)
 
 use crate::naming::LockChild;
 
-/// The decision of a driver for one listing of the lock directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The decision of a driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Decision {
     /// Our node holds the lock.
     Acquired,
-    /// Wait until the node at this index (in the same listing) is gone, then look again.
-    WaitFor(usize),
+    /// Wait until this node (ahead of ours) is gone, then decide again.
+    WaitFor(LockChild),
 }
 
 /// A lock recipe's rule for who holds the lock.
@@ -17,8 +17,9 @@ pub(crate) trait LockDriver: Send + Sync {
     /// The name lock nodes of this recipe carry before the sequence number (`lock-`).
     fn lock_name(&self) -> &'static str;
 
-    /// Decides for `children` (lock nodes only, in queue order), our node being `ours`.
-    fn decide(&self, children: &[LockChild], ours: usize) -> Decision;
+    /// Decides from the lock nodes ahead of ours, nearest first. Drivers read only as far as
+    /// they need, so a decision usually costs O(1) however long the queue is.
+    fn decide(&self, ahead_nearest_first: &mut dyn Iterator<Item = &LockChild>) -> Decision;
 }
 
 /// Curator's `StandardLockInternalsDriver`: the first `max_leases` nodes hold the lock, and
@@ -34,11 +35,10 @@ impl LockDriver for StandardDriver {
         self.lock_name
     }
 
-    fn decide(&self, _children: &[LockChild], ours: usize) -> Decision {
-        if ours < self.max_leases {
-            Decision::Acquired
-        } else {
-            Decision::WaitFor(ours - self.max_leases)
+    fn decide(&self, ahead_nearest_first: &mut dyn Iterator<Item = &LockChild>) -> Decision {
+        match ahead_nearest_first.nth(self.max_leases.saturating_sub(1)) {
+            None => Decision::Acquired,
+            Some(blocker) => Decision::WaitFor(blocker.clone()),
         }
     }
 }
@@ -47,11 +47,22 @@ impl LockDriver for StandardDriver {
 mod tests {
     use super::*;
 
+    fn child(sequence: i64) -> LockChild {
+        LockChild { name: format!("lock-{sequence:010}"), sequence }
+    }
+
     #[test]
     fn mutex_watches_immediate_predecessor() {
         let d = StandardDriver { lock_name: "lock-", max_leases: 1 };
-        assert_eq!(d.decide(&[], 0), Decision::Acquired);
-        assert_eq!(d.decide(&[], 1), Decision::WaitFor(0));
-        assert_eq!(d.decide(&[], 7), Decision::WaitFor(6));
+        let ahead = [child(3), child(2), child(1)];
+        assert_eq!(d.decide(&mut [].iter()), Decision::Acquired);
+        assert_eq!(d.decide(&mut ahead.iter()), Decision::WaitFor(child(3)));
+    }
+
+    #[test]
+    fn leases_wait_for_the_node_max_leases_ahead() {
+        let d = StandardDriver { lock_name: "lease-", max_leases: 2 };
+        assert_eq!(d.decide(&mut [child(1)].iter()), Decision::Acquired);
+        assert_eq!(d.decide(&mut [child(5), child(4), child(1)].iter()), Decision::WaitFor(child(4)));
     }
 }

@@ -17,14 +17,22 @@
 //!      behind if it is already gone) and wait for it to change; then list again.
 //!    - Our node is not in the listing: someone deleted it; create a new one.
 
-use tracing::{debug, Span};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tracing::{debug, warn, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode};
 use crate::driver::{Decision, LockDriver};
-use crate::error::{outcome_unknown, Error, Result};
+use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::naming::{self, LockChild};
+use crate::view::DirView;
+
+/// A listing of the lock directory: children names and the directory's stat.
+type Listing = (Vec<String>, zk::Stat);
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
@@ -38,6 +46,15 @@ pub(crate) struct LockNode {
     pub sequence: i64,
     /// The zxid of the node's creation: the fencing token.
     pub czxid: i64,
+    /// The view of the directory we waited with, if we waited: the node is removed from it once
+    /// deleted.
+    pub view: Option<Arc<DirView>>,
+}
+
+/// A granted lock: our node, and the watch on it if one is already set.
+pub(crate) struct Grant {
+    pub node: LockNode,
+    pub own_watch: Option<NodeWatch>,
 }
 
 /// Whether an attempt waits for its turn.
@@ -50,7 +67,8 @@ pub(crate) enum Wait {
 }
 
 enum Turn {
-    Acquired,
+    /// Acquired; with the armed watch on our own node if we waited (handed to the hold).
+    Acquired(Option<NodeWatch>),
     NotNow,
     NodeGone,
 }
@@ -83,19 +101,19 @@ impl LockInternals {
     /// One acquire attempt. `Ok(None)` only with [`Wait::No`] when the lock is taken.
     ///
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
-    pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<LockNode>> {
+    pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         self.cleanup.remember_runtime();
         let protection = naming::protection(&Uuid::new_v4());
         let mut pending = PendingNode::new(self.cleanup.clone(), &self.dir, protection.clone());
         let prefix = format!("{}/{}{}", self.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
-            let (node, listing) = self.create(&prefix, &protection, driver.lock_name(), &mut pending).await?;
+            let (mut node, listing) = self.create(&prefix, &protection, driver.lock_name(), &mut pending).await?;
             Span::current().record("sequence", node.sequence);
-            match self.wait_for_turn(driver, &node, listing, wait).await? {
-                Turn::Acquired => {
+            match self.wait_for_turn(driver, &mut node, listing, wait).await? {
+                Turn::Acquired(own_watch) => {
                     pending.disarm();
-                    return Ok(Some(node));
+                    return Ok(Some(Grant { node, own_watch }));
                 },
                 Turn::NotNow => {
                     pending.delete_now().await?;
@@ -120,7 +138,7 @@ impl LockInternals {
         protection: &str,
         lock_name: &str,
         pending: &mut PendingNode,
-    ) -> Result<(LockNode, Option<Vec<String>>)> {
+    ) -> Result<(LockNode, Option<Listing>)> {
         let client = self.client();
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let mut backoff = Backoff::new();
@@ -133,7 +151,7 @@ impl LockInternals {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
                         pending.created(found.path.clone());
-                        let node = LockNode { path: found.path, sequence, czxid: found.stat.czxid };
+                        let node = LockNode { path: found.path, sequence, czxid: found.stat.czxid, view: None };
                         return Ok((node, None));
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -146,14 +164,15 @@ impl LockInternals {
             }
             // Both requests are sent now, in this order; only then do we wait for replies.
             let create = client.create(prefix, &self.node_data, &options);
-            let listing = client.list_children(&self.dir);
+            let listing = client.get_children(&self.dir);
             match create.await {
                 Ok((stat, sequence)) => {
                     let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
                     let listing = listing.await.ok();
-                    return Ok((LockNode { path, sequence: sequence.into_i64(), czxid }, listing));
+                    let node = LockNode { path, sequence: sequence.into_i64(), czxid, view: None };
+                    return Ok((node, listing));
                 },
                 Err(zk::Error::NoNode) => {
                     drop(listing);
@@ -189,7 +208,7 @@ impl LockInternals {
         }
     }
 
-    /// Lists the lock nodes of the directory in queue order (step 3's input).
+    /// Lists the lock nodes of the directory in queue order.
     pub(crate) async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
         match retry_unknown(|| self.client().list_children(&self.dir)).await {
             Ok(children) => Ok(naming::sort_lock_children(children, lock_name)),
@@ -198,44 +217,146 @@ impl LockInternals {
         }
     }
 
+    /// Lists the directory with its stat (which identifies the directory instance).
+    async fn listing(&self) -> Result<Option<Listing>> {
+        match retry_unknown(|| self.client().get_children(&self.dir)).await {
+            Ok(listing) => Ok(Some(listing)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(err) => Err(Error::zk("list", &self.dir, err)),
+        }
+    }
+
     /// Step 3: waits until the driver says our node holds the lock.
     async fn wait_for_turn(
         &self,
         driver: &dyn LockDriver,
-        node: &LockNode,
-        mut listing: Option<Vec<String>>,
+        node: &mut LockNode,
+        pipelined: Option<Listing>,
         wait: Wait,
     ) -> Result<Turn> {
-        let name = &node.path[self.dir.len() + 1..];
-        loop {
-            let children = match listing.take() {
-                Some(children) => naming::sort_lock_children(children, driver.lock_name()),
-                None => self.sorted_children(driver.lock_name()).await?,
-            };
-            let Some(ours) = children.iter().position(|child| child.name == name) else {
+        let lock_name = driver.lock_name();
+        let ours = LockChild { name: node.path[self.dir.len() + 1..].to_owned(), sequence: node.sequence };
+        // The pipelined listing was answered after our create, so it contains our node; should it
+        // not (a reply from another connection), list again before concluding anything.
+        let mut relisted = pipelined.is_none();
+        let mut listing = match pipelined {
+            Some(listing) => Some(listing),
+            None => self.listing().await?,
+        };
+        let (children, dir_stat, ours_at) = loop {
+            let Some((names, dir_stat)) = listing else {
                 return Ok(Turn::NodeGone);
             };
-            let predecessor = match driver.decide(&children, ours) {
-                Decision::Acquired => return Ok(Turn::Acquired),
-                Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
-                Decision::WaitFor(index) => format!("{}/{}", self.dir, children[index].name),
-            };
-            debug!(predecessor, "waiting for predecessor");
-            match self.client().get_and_watch_data(&predecessor).await {
-                Ok((_, _, watcher)) => {
-                    let event = watcher.changed().await;
-                    if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
-                        return Err(Error::SessionLost {
-                            path: self.dir.clone(),
-                            state: event.session_state.to_string(),
-                        });
-                    }
+            let children = naming::sort_lock_children(names, lock_name);
+            if let Some(index) = children.iter().position(|child| *child == ours) {
+                break (children, dir_stat, index);
+            }
+            if relisted {
+                return Ok(Turn::NodeGone);
+            }
+            relisted = true;
+            listing = self.listing().await?;
+        };
+        match driver.decide(&mut children[..ours_at].iter().rev()) {
+            Decision::Acquired => return Ok(Turn::Acquired(None)),
+            Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
+            Decision::WaitFor(_) => {},
+        }
+
+        // Wait with the process's shared view of the directory (see `view.rs` for why deciding
+        // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
+        // the lock without listing the directory again.
+        let view = DirView::of(&self.dir, lock_name, &dir_stat);
+        view.merge(&children, ours.sequence);
+        drop(children);
+        // Our own node is watched too: if someone deletes it while we wait, we must not be granted
+        // the lock when our predecessor goes. The server sends a session's events in zxid order,
+        // and the select below is biased to our own node, so that deletion is seen first.
+        let mut own_watch = self.watch(&node.path);
+        loop {
+            let predecessor = match view.decide(driver, &ours) {
+                None => return Ok(Turn::NodeGone),
+                Some(Decision::Acquired) => {
+                    node.view = Some(view);
+                    return Ok(Turn::Acquired(Some(own_watch)));
                 },
-                // Already gone, or the connection broke: look again.
-                Err(zk::Error::NoNode) => {},
-                Err(err) if outcome_unknown(&err) => {},
-                Err(err) => return Err(Error::zk("watch predecessor", &predecessor, err)),
+                Some(Decision::WaitFor(predecessor)) => predecessor,
+            };
+            let predecessor_path = format!("{}/{}", self.dir, predecessor.name);
+            debug!(predecessor = predecessor_path, "waiting for predecessor");
+            let mut predecessor_watch = self.watch(&predecessor_path);
+            loop {
+                tokio::select! {
+                    biased;
+                    event = &mut own_watch => match event {
+                        Watched::Deleted => return Ok(Turn::NodeGone),
+                        Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
+                        Watched::Other => own_watch = self.watch(&node.path),
+                    },
+                    event = &mut predecessor_watch => {
+                        match event {
+                            Watched::Deleted => view.deleted(&predecessor),
+                            Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
+                            Watched::Other => {},
+                        }
+                        break;
+                    },
+                }
             }
         }
     }
+
+    fn session_lost(&self, state: String) -> Error {
+        Error::SessionLost { path: self.dir.clone(), state }
+    }
+
+    fn watch(&self, path: &str) -> NodeWatch {
+        watch_node(self.client().clone(), path.to_owned())
+    }
+}
+
+/// A data watch on a lock node, resolving when it fires.
+pub(crate) type NodeWatch = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
+
+/// Sets a data watch on `path` and waits for it to fire. Connection trouble while setting it is
+/// retried; the client re-registers set watches after a reconnection by itself.
+///
+/// Keep the returned future until it fires where possible: dropping an armed watch makes the
+/// client send a request to remove it.
+pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
+    tracing::trace!(path, "setting a data watch");
+    Box::pin(async move {
+        let mut backoff = Backoff::new();
+        loop {
+            match client.get_and_watch_data(&path).await {
+                Ok((_, _, watcher)) => {
+                    let event = watcher.changed().await;
+                    return match event.event_type {
+                        zk::EventType::NodeDeleted => Watched::Deleted,
+                        zk::EventType::Session if event.session_state.is_terminated() => {
+                            Watched::SessionDead(event.session_state)
+                        },
+                        _ => Watched::Other,
+                    };
+                },
+                Err(zk::Error::NoNode) => return Watched::Deleted,
+                Err(err) if outcome_unknown(&err) => backoff.wait().await,
+                Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
+                Err(err) => {
+                    warn!(path, %err, "cannot watch lock node; retrying");
+                    backoff.wait().await;
+                },
+            }
+        }
+    })
+}
+
+/// What a data watch on a lock node reported.
+pub(crate) enum Watched {
+    /// The node is gone.
+    Deleted,
+    /// The session ended (expired, closed, authentication failed).
+    SessionDead(zk::SessionState),
+    /// Something else changed (data); watch again if still interested.
+    Other,
 }

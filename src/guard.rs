@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use tracing::{info_span, Instrument};
 
-use crate::cleanup::Target;
 use crate::error::Result;
 use crate::fenced::FencedWriter;
 use crate::mutex::{Hold, MutexInner};
@@ -129,7 +128,7 @@ impl LockGuard {
             return Ok(());
         };
         let span = info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence);
-        match self.mutex.internals.cleanup().delete(Target::Path(node.path)) {
+        match self.mutex.internals.cleanup().delete_node(&node) {
             Some(task) => async { task.await.unwrap_or(Ok(())) }.instrument(span).await,
             None => Ok(()),
         }
@@ -144,7 +143,7 @@ impl Drop for LockGuard {
         if let Some(node) = self.mutex.release_guard(&self.hold) {
             let _span =
                 info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence).entered();
-            self.mutex.internals.cleanup().delete(Target::Path(node.path));
+            self.mutex.internals.cleanup().delete_node(&node);
         }
     }
 }

@@ -25,6 +25,7 @@ mod mutex;
 mod naming;
 mod path;
 mod state;
+mod view;
 
 pub use error::{Error, Result};
 pub use fenced::{FencedWriteError, FencedWriter};

@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 
 use crate::cleanup::retry_unknown;
 use crate::driver::StandardDriver;
-use crate::engine::{LockInternals, LockNode, Wait};
+use crate::engine::{Grant, LockInternals, LockNode, Wait};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::naming::MUTEX_LOCK_NAME;
@@ -91,7 +91,7 @@ impl Owner {
 }
 
 /// One owner's hold of the lock: our node, shared by all of the owner's guards, and what is known
-/// about it (kept up to date by a monitor task that ends with the hold).
+/// about it (kept up to date by a monitor task that ends when the hold is released or lost).
 #[derive(Debug)]
 pub(crate) struct Hold {
     pub(crate) node: LockNode,
@@ -99,13 +99,8 @@ pub(crate) struct Hold {
     pub(crate) state: HoldState,
     /// Notified when the holder first looks at the state (see `state::monitor_hold`).
     pub(crate) interest: Arc<tokio::sync::Notify>,
-    monitor: tokio::task::AbortHandle,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.monitor.abort();
-    }
+    /// Notified when the owner's last guard is released.
+    released: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug)]
@@ -233,7 +228,7 @@ impl InterProcessMutex {
             None => attempt.await?,
             Some(timeout) => tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?,
         };
-        Ok(node.map(|node| self.register(owner, node)))
+        Ok(node.map(|grant| self.register(owner, grant)))
     }
 
     fn holds(&self) -> MutexGuard<'_, HashMap<Owner, HoldEntry>> {
@@ -254,17 +249,20 @@ impl InterProcessMutex {
         Ok(Some(LockGuard::new(self.inner.clone(), entry.hold.clone())))
     }
 
-    fn register(&self, owner: Owner, node: LockNode) -> LockGuard {
+    fn register(&self, owner: Owner, Grant { node, own_watch }: Grant) -> LockGuard {
         let state: HoldState = Arc::new(tokio::sync::watch::Sender::new(LockState::Held));
         let interest = Arc::new(tokio::sync::Notify::new());
-        let monitor = tokio::spawn(monitor_hold(
+        let released = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(monitor_hold(
             self.inner.internals.cleanup().clone(),
             node.path.clone(),
             state.clone(),
             self.inner.loss_policy,
             interest.clone(),
+            released.clone(),
+            own_watch,
         ));
-        let hold = Arc::new(Hold { node, owner, state, interest, monitor: monitor.abort_handle() });
+        let hold = Arc::new(Hold { node, owner, state, interest, released });
         let mut holds = self.holds();
         // Only one of an owner's acquires can be granted at a time (a second one queues behind
         // the first), so there is no entry for this owner here.
@@ -321,6 +319,9 @@ impl MutexInner {
         if entry.guards > 0 {
             return None;
         }
+        // Released: what happens to the node from now on is no loss. (Notified before the node's
+        // delete is sent, so the monitor hears of the release before the deletion.)
+        hold.released.notify_one();
         holds.remove(&hold.owner).map(|entry| entry.hold.node.clone())
     }
 }

@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::cleanup::{Cleanup, Target};
+use crate::engine::{watch_node, NodeWatch, Watched};
 
 /// Whether a lock is still held, as far as this process can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,7 +139,7 @@ async fn poll_pending<T>(future: &mut Pending<'_, T>) -> T {
     }
 }
 
-/// Watches one hold until it is lost; aborted when the hold is released.
+/// Watches one hold until it is lost or released.
 ///
 /// `interest` is notified when the holder first looks at the state; the watch on our own node is
 /// set then, or after [`OWN_NODE_WATCH_DELAY`].
@@ -148,6 +149,8 @@ pub(crate) async fn monitor_hold(
     state: HoldState,
     policy: LossPolicy,
     interest: Arc<Notify>,
+    released: Arc<Notify>,
+    own_watch: Option<NodeWatch>,
 ) {
     let client = cleanup.client().clone();
     let mut session = client.state_watcher();
@@ -158,10 +161,10 @@ pub(crate) async fn monitor_hold(
     let mut heartbeat_every = tokio::time::interval_at(last_reply + timeout / 5, timeout / 5);
     heartbeat_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heartbeat: Pending<'_, (Instant, Result<Option<zk::Stat>, zk::Error>)> = None;
-    let mut node_watch: Pending<'_, Result<zk::WatchedEvent, zk::Error>> = None;
+    let mut watching = own_watch.is_some();
+    let mut node_watch: Pending<'_, Watched> = own_watch;
     let mut connected;
     let watch_at = last_reply + OWN_NODE_WATCH_DELAY;
-    let mut watching = false;
 
     let lost = loop {
         let session_state = session.state();
@@ -180,29 +183,28 @@ pub(crate) async fn monitor_hold(
             },
         }
         if watching && node_watch.is_none() {
-            let watch = client.get_and_watch_data(&path);
-            node_watch = Some(Box::pin(async move {
-                let (_, _, watcher) = watch.await?;
-                Ok(watcher.changed().await)
-            }));
+            node_watch = Some(watch_node(client.clone(), path.clone()));
         }
         let deadline = last_reply + allowance;
         tokio::select! {
+            biased;
+            _ = released.notified() => {
+                // Our own delete fires the watch on our node: wait for it rather than dropping it
+                // armed, which would cost a request to remove it.
+                if let Some(watch) = node_watch.take() {
+                    let _ = tokio::time::timeout(timeout, watch).await;
+                }
+                return;
+            },
             _ = session.changed() => {},
             _ = interest.notified(), if !watching => watching = true,
             _ = tokio::time::sleep_until(watch_at), if !watching => watching = true,
             event = poll_pending(&mut node_watch) => {
                 node_watch = None;
                 match event {
-                    Ok(event) if event.event_type == zk::EventType::NodeDeleted => break LossReason::NodeDeleted,
-                    Ok(event) if event.event_type == zk::EventType::Session && event.session_state.is_terminated() => {
-                        break terminal_reason(event.session_state)
-                    },
-                    Ok(_) => {},
-                    Err(zk::Error::NoNode) => break LossReason::NodeDeleted,
-                    Err(err) if crate::error::session_dead(&err) => break terminal_reason(client.state()),
-                    // Connection trouble: the session state tells; set the watch again.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Watched::Deleted => break LossReason::NodeDeleted,
+                    Watched::SessionDead(state) => break terminal_reason(state),
+                    Watched::Other => {},
                 }
             },
             _ = heartbeat_every.tick(), if policy == LossPolicy::SessionDeadline && connected && heartbeat.is_none() => {

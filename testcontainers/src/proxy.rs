@@ -50,6 +50,14 @@ pub mod op {
     pub const CREATE_CONTAINER: i32 = 19;
     /// `createTTL`.
     pub const CREATE_TTL: i32 = 21;
+    /// `exists`.
+    pub const EXISTS: i32 = 3;
+    /// `getChildren` (without stat).
+    pub const GET_CHILDREN: i32 = 8;
+    /// `ping`.
+    pub const PING: i32 = 11;
+    /// `removeWatches`.
+    pub const REMOVE_WATCHES: i32 = 18;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +76,8 @@ struct Shared {
     refuse: AtomicBool,
     drop_ops: Mutex<Option<Vec<i32>>>,
     connections: AtomicUsize,
+    /// Requests forwarded, by op code.
+    requests: Mutex<std::collections::BTreeMap<i32, u64>>,
 }
 
 /// A TCP proxy on `127.0.0.1:<ephemeral port>` forwarding to a ZooKeeper server, with switches
@@ -112,6 +122,7 @@ impl FaultProxy {
             shutdown: watch::channel(false).0,
             refuse: AtomicBool::new(false),
             drop_ops: Mutex::new(None),
+            requests: Mutex::new(std::collections::BTreeMap::new()),
             connections: AtomicUsize::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
@@ -160,6 +171,12 @@ impl FaultProxy {
     /// Whether a [`FaultProxy::drop_reply_to_next`] is still armed (has not fired yet).
     pub fn drop_reply_armed(&self) -> bool {
         self.shared.drop_ops.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Client requests seen so far, by op code (see [`op`]). Counted as they pass the proxy,
+    /// whatever the mode.
+    pub fn requests(&self) -> std::collections::BTreeMap<i32, u64> {
+        self.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Number of client connections currently open through the proxy.
@@ -382,6 +399,7 @@ async fn client_to_server(
             } else {
                 match (header_i32(frame, 0), header_i32(frame, 4)) {
                     (Some(xid), Some(op)) => {
+                        *conn.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).entry(op).or_default() += 1;
                         let mut armed = conn.shared.drop_ops.lock().unwrap_or_else(|p| p.into_inner());
                         if armed.as_ref().is_some_and(|ops| ops.contains(&op)) {
                             *armed = None;

@@ -1,0 +1,180 @@
+//! A per-process view of one lock directory, shared by every waiter in the process, so that a
+//! waiter woken by its predecessor's deletion can usually decide without listing the directory
+//! again (Curator lists it on every wake-up: O(N²) names read to drain N waiters).
+//!
+//! # Why this is safe
+//! The view holds lock nodes that are *possibly alive*: nodes seen in some waiter's listing,
+//! minus nodes *known to be deleted* (a `NodeDeleted` event or a `NoNode` reply). The invariant:
+//!
+//! > every lock node that is alive and has a lower sequence number than a waiter that merged
+//! > its listing into the view is in the view.
+//!
+//! - Sequence numbers only grow: a node created after our create has a higher sequence number
+//!   than ours. So the nodes below ours all existed before our create, and our listing — sent
+//!   after our create on the same session, which the server answers in order — contains every
+//!   one of them that was still alive. Merging that listing puts them all in the view.
+//! - A node is removed from the view only when ZooKeeper told us it is gone, and deletion is
+//!   final (names carry a sequence number and are never reused).
+//! - Merging only the range of sequence numbers above what earlier merges covered keeps the
+//!   invariant: a node below an earlier merger's sequence number was in that merger's listing.
+//!
+//! So if the view has nothing alive below our node, nothing alive is below it on the server:
+//! for a mutex, we hold the lock. Stale entries (deleted without our noticing) only make the
+//! view larger than the truth, which is safe; a waiter that watches one gets `NoNode` and
+//! removes it, so each stale entry costs one read, once per process.
+//!
+//! Views are keyed by the directory's path, creation zxid and creation time (from the stat of
+//! the listing), so a directory that was deleted and re-created, or the same path on another
+//! ensemble, never shares a view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use zookeeper_client as zk;
+
+use crate::driver::{Decision, LockDriver};
+use crate::naming::LockChild;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ViewKey {
+    dir: String,
+    lock_name: &'static str,
+    dir_czxid: i64,
+    dir_ctime: i64,
+}
+
+/// The shared view of one lock directory instance.
+#[derive(Debug)]
+pub(crate) struct DirView {
+    key: ViewKey,
+    state: Mutex<ViewState>,
+}
+
+#[derive(Debug)]
+struct ViewState {
+    /// Possibly alive lock nodes by sequence number.
+    alive: BTreeMap<i64, LockChild>,
+    /// Listings merged so far cover every node with a sequence number up to this.
+    covered_upto: i64,
+}
+
+type Registry = Mutex<HashMap<ViewKey, Weak<DirView>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update below is a single map operation: a panic cannot leave a half-done change.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl DirView {
+    /// The process's view of the directory `dir` whose stat a listing returned.
+    pub(crate) fn of(dir: &str, lock_name: &'static str, dir_stat: &zk::Stat) -> Arc<DirView> {
+        let key = ViewKey { dir: dir.to_owned(), lock_name, dir_czxid: dir_stat.czxid, dir_ctime: dir_stat.ctime };
+        let mut views = lock(registry());
+        if let Some(view) = views.get(&key).and_then(Weak::upgrade) {
+            return view;
+        }
+        let view = Arc::new(DirView {
+            key: key.clone(),
+            state: Mutex::new(ViewState { alive: BTreeMap::new(), covered_upto: i64::MIN }),
+        });
+        views.insert(key, Arc::downgrade(&view));
+        view
+    }
+
+    /// Merges a listing taken after the create of our node `ours` (sorted lock nodes).
+    pub(crate) fn merge(&self, listing: &[LockChild], ours: i64) {
+        let mut state = lock(&self.state);
+        let from = state.covered_upto;
+        for child in listing.iter().filter(|child| child.sequence > from && child.sequence <= ours) {
+            state.alive.insert(child.sequence, child.clone());
+        }
+        state.covered_upto = state.covered_upto.max(ours);
+    }
+
+    /// Lets `driver` decide for our node `ours` from the possibly alive nodes ahead of it;
+    /// `None` if our node is known to be gone.
+    pub(crate) fn decide(&self, driver: &dyn LockDriver, ours: &LockChild) -> Option<Decision> {
+        let state = lock(&self.state);
+        if state.alive.get(&ours.sequence) != Some(ours) {
+            return None;
+        }
+        Some(driver.decide(&mut state.alive.range(..ours.sequence).rev().map(|(_, child)| child)))
+    }
+
+    /// Records that `child` is gone.
+    pub(crate) fn deleted(&self, child: &LockChild) {
+        let mut state = lock(&self.state);
+        if state.alive.get(&child.sequence) == Some(child) {
+            state.alive.remove(&child.sequence);
+        }
+    }
+}
+
+impl Drop for DirView {
+    fn drop(&mut self) {
+        let mut views = lock(registry());
+        if views.get(&self.key).is_some_and(|view| view.strong_count() == 0) {
+            views.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::StandardDriver;
+
+    fn child(sequence: i64) -> LockChild {
+        LockChild { name: format!("_c_x-lock-{sequence:010}"), sequence }
+    }
+
+    fn stat(czxid: i64) -> zk::Stat {
+        zk::Stat {
+            czxid,
+            mzxid: 0,
+            pzxid: 0,
+            ctime: 7,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    #[test]
+    fn views_are_shared_per_directory_instance() {
+        let a = DirView::of("/view-test/a", "lock-", &stat(1));
+        let b = DirView::of("/view-test/a", "lock-", &stat(1));
+        let c = DirView::of("/view-test/a", "lock-", &stat(2));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        drop((a, b, c));
+        assert!(!lock(registry()).keys().any(|key| key.dir == "/view-test/a"));
+    }
+
+    #[test]
+    fn merge_covers_ranges_once_and_deletions_stick() {
+        let view = DirView::of("/view-test/b", "lock-", &stat(1));
+        let mutex = StandardDriver { lock_name: "lock-", max_leases: 1 };
+        view.merge(&[child(1), child(2), child(3)], 3);
+        assert_eq!(view.decide(&mutex, &child(3)), Some(Decision::WaitFor(child(2))));
+        view.deleted(&child(1));
+        // A later listing still showing node 1 (taken before its deletion) does not revive it.
+        view.merge(&[child(1), child(2), child(3), child(5)], 5);
+        assert_eq!(view.decide(&mutex, &child(2)), Some(Decision::Acquired));
+        view.deleted(&child(3));
+        assert_eq!(view.decide(&mutex, &child(5)), Some(Decision::WaitFor(child(2))));
+        view.deleted(&child(2));
+        assert_eq!(view.decide(&mutex, &child(5)), Some(Decision::Acquired));
+        // Our own node known deleted: no decision.
+        assert_eq!(view.decide(&mutex, &child(3)), None);
+    }
+}

@@ -1,0 +1,277 @@
+//! Many waiters on one lock: the queue drains in order, without two holders, without listing the
+//! directory on every wake-up (requests per handoff stay constant), with bounded memory.
+//!
+//! The 10,000-waiter drain runs when `ZK_RECIPES_10K=1` (CI sets it).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+
+use common::*;
+use zk_recipes::{InterProcessMutex, LockState};
+use zk_testcontainers::{op, FaultProxy};
+use zookeeper_client as zk;
+
+/// Requests by op name sent between two snapshots of the proxy's counters, pings left out.
+fn requests_during(before: &BTreeMap<i32, u64>, after: &BTreeMap<i32, u64>) -> BTreeMap<&'static str, u64> {
+    let name = |op_code| match op_code {
+        op::CREATE | op::CREATE2 => "create",
+        op::DELETE => "delete",
+        op::EXISTS => "exists",
+        op::GET_DATA => "getData",
+        op::GET_CHILDREN | op::GET_CHILDREN2 => "getChildren",
+        op::REMOVE_WATCHES => "removeWatches",
+        op::MULTI => "multi",
+        _ => "other",
+    };
+    let mut by_name = BTreeMap::new();
+    for (&op_code, &count) in after.iter().filter(|(&op_code, _)| op_code != op::PING) {
+        let delta = count - before.get(&op_code).copied().unwrap_or(0);
+        if delta > 0 {
+            *by_name.entry(name(op_code)).or_default() += delta;
+        }
+    }
+    by_name
+}
+
+/// `Total watches` from the server's `wchs`.
+async fn total_watches() -> usize {
+    let wchs = zookeeper().await.four_letter_word("wchs").await.expect("wchs");
+    wchs.lines()
+        .find_map(|line| line.strip_prefix("Total watches:").map(|v| v.trim().parse::<usize>()))
+        .expect("Total watches in wchs")
+        .expect("a number")
+}
+
+/// Counts live heap bytes, to measure what a queued waiter costs.
+struct CountingAlloc;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+/// Serialises the tests of this binary (they measure process-wide numbers).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+fn live_heap_bytes() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed) as u64
+}
+
+struct Drain {
+    enqueue: Duration,
+    drain: Duration,
+    requests_per_handoff: f64,
+    bytes_per_waiter: u64,
+}
+
+/// Queues `waiters` tasks behind a holder (spread over `sessions` sessions), then drains them.
+async fn drain(name: &str, waiters: usize, sessions: usize) -> Drain {
+    init_tracing();
+    // The heap counter is process-wide: measure one drain at a time, alone.
+    let _alone = SERIAL.lock().await;
+    let path = unique_path(name);
+    // Long sessions: enqueueing thousands of waiters keeps the server busy for a while.
+    let patient = || async { zookeeper().await.client_with_timeout(Duration::from_secs(30)).await.unwrap() };
+    let observer = patient().await;
+    let holder = InterProcessMutex::new(patient().await, &path).unwrap();
+    let held = holder.acquire().await.unwrap();
+    // The waiters' sessions go through a (passing) proxy that counts their requests by type.
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let mut mutexes = Vec::new();
+    for _ in 0..sessions {
+        let connector = zookeeper().await.connector().with_session_timeout(Duration::from_secs(30));
+        let client = connector.connect(&proxy.addr()).await.unwrap();
+        mutexes.push(InterProcessMutex::new(client, &path).unwrap());
+    }
+    let holders = Arc::new(AtomicUsize::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(Mutex::new(Vec::with_capacity(waiters)));
+    let heap_before = live_heap_bytes();
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(waiters);
+    for i in 0..waiters {
+        let (mutex, holders, violations, grants) =
+            (mutexes[i % sessions].clone(), holders.clone(), violations.clone(), grants.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.acquire().await.expect("waiter acquires");
+            if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                violations.fetch_add(1, Ordering::SeqCst);
+            }
+            grants.lock().unwrap().push(guard.sequence());
+            holders.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+        }));
+    }
+    let mut queued = 0;
+    while queued < waiters + 1 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // A busy server may stall a read for a moment; only the count matters here.
+        if let Ok((_, stat)) = observer.get_data(&path).await {
+            queued = stat.num_children as usize;
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "only {queued} of {} queued", waiters + 1);
+    }
+    // Queued is not yet waiting: each waiter still has to read its listing and set its watches
+    // (one on its own node, one on its predecessor). Wait until the watch count settles.
+    let (mut last, mut stable) = (0, 0);
+    while stable < 3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = total_watches().await;
+        stable = if now == last && now >= waiters { stable + 1 } else { 0 };
+        last = now;
+        assert!(start.elapsed() < Duration::from_secs(600), "waiters did not set their watches");
+    }
+    let enqueue = start.elapsed();
+    let bytes_per_waiter = live_heap_bytes().saturating_sub(heap_before) / waiters as u64;
+
+    let requests_before = proxy.requests();
+    let drain_start = Instant::now();
+    assert_eq!(held.state(), LockState::Held);
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(600), task).await.expect("queue drains").unwrap();
+    }
+    let drain = drain_start.elapsed();
+    let requests = requests_during(&requests_before, &proxy.requests());
+    let total: u64 = requests.values().sum();
+
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "two holders at once");
+    let grants = grants.lock().unwrap().clone();
+    assert_eq!(grants.len(), waiters);
+    assert!(grants.windows(2).all(|pair| pair[0] < pair[1]), "grants out of queue order");
+    assert_no_nodes_left(&observer, &path).await;
+    let result = Drain { enqueue, drain, requests_per_handoff: total as f64 / waiters as f64, bytes_per_waiter };
+    eprintln!(
+        "{name}: {waiters} waiters over {sessions} sessions: enqueued in {:?}, drained in {:?} ({:.0} handoffs/s), {:.2} requests per handoff {requests:?}, {} heap bytes per queued waiter",
+        result.enqueue,
+        result.drain,
+        waiters as f64 / result.drain.as_secs_f64(),
+        result.requests_per_handoff,
+        result.bytes_per_waiter
+    );
+    result
+}
+
+/// A woken waiter decides from the process's view of the directory instead of listing it again:
+/// a handoff costs about one request (the release's delete), not a delete plus a listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_waiters_drain_in_order_without_relisting() {
+    let result = drain("drain-1k", 1000, 4).await;
+    assert!(
+        result.requests_per_handoff < 1.5,
+        "{:.2} requests per handoff: waiters list the directory on wake-up",
+        result.requests_per_handoff
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_waiters_drain_in_order() {
+    if std::env::var("ZK_RECIPES_10K").as_deref() != Ok("1") {
+        eprintln!("10,000-waiter drain skipped: set ZK_RECIPES_10K=1 (CI does)");
+        return;
+    }
+    let result = drain("drain-10k", 10_000, 4).await;
+    assert!(result.requests_per_handoff < 1.5, "{:.2} requests per handoff", result.requests_per_handoff);
+}
+
+/// Other processes' nodes below us whose deletion this process never saw: a woken waiter must
+/// not be granted while one of them is still alive, and finds out about the dead ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_deleted_unseen_are_checked_before_a_grant() {
+    let _alone = SERIAL.lock().await;
+    let path = unique_path("unseen");
+    let raw = client().await;
+    raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    // Two "foreign" Curator-style nodes queued ahead of us, not watched by anyone in this process.
+    let mut foreign = Vec::new();
+    for _ in 0..2 {
+        let (_, seq) = raw.create(&format!("{path}/_c_{}-lock-", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
+        let name = children(&raw, &path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
+        foreign.push(format!("{path}/{name}"));
+    }
+    for order in [[1, 0], [0, 1]] {
+        let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+        let waiter = tokio::spawn(async move { mutex.acquire().await.unwrap() });
+        eventually(Duration::from_secs(10), "queued", || async { children(&raw, &path).await.len() == 3 }).await;
+        // Delete the first foreign node: with order [1, 0] that is our immediate predecessor
+        // while the holder is still alive — we must keep waiting.
+        raw.delete(&foreign[order[0]], None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "granted while a node ahead of us is alive");
+        raw.delete(&foreign[order[1]], None).await.unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("granted").unwrap();
+        assert_eq!(children(&raw, &path).await.len(), 1);
+        guard.release().await.unwrap();
+        // Queue two new foreign nodes for the next round.
+        foreign.clear();
+        for _ in 0..2 {
+            let (_, seq) =
+                raw.create(&format!("{path}/_c_{}-lock-", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
+            let name = children(&raw, &path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
+            foreign.push(format!("{path}/{name}"));
+        }
+    }
+}
+
+/// A waiter in the middle of the queue gives up: its successor, woken by that deletion, must
+/// keep waiting for the holder and the remaining waiter ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_predecessor_does_not_grant() {
+    let _alone = SERIAL.lock().await;
+    let path = unique_path("abandoned");
+    let observer = client().await;
+    let holder = InterProcessMutex::new(client().await, &path).unwrap();
+    let held = holder.acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, patience) in [None, Some(Duration::from_millis(600)), None].into_iter().enumerate() {
+        let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = match patience {
+                Some(patience) => match mutex.acquire_timeout(patience).await.unwrap() {
+                    Some(guard) => guard,
+                    None => return,
+                },
+                None => mutex.acquire().await.unwrap(),
+            };
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+        }));
+        eventually(Duration::from_secs(10), "queued", || async { children(&observer, &path).await.len() == i + 2 })
+            .await;
+    }
+    // The middle waiter times out; the last one is woken but must not be granted.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(children(&observer, &path).await.len(), 3);
+    assert!(order.lock().unwrap().is_empty(), "granted while the holder holds the lock");
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 2]);
+    assert_no_nodes_left(&observer, &path).await;
+}
