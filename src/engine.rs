@@ -28,11 +28,9 @@ use zookeeper_client as zk;
 use crate::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode};
 use crate::driver::{Decision, LockDriver};
 use crate::error::{outcome_unknown, session_dead, Error, Result};
+use crate::listing::{self, Listing};
 use crate::naming::{self, LockChild};
 use crate::view::DirView;
-
-/// A listing of the lock directory: children names and the directory's stat.
-type Listing = (Vec<String>, zk::Stat);
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
@@ -136,9 +134,9 @@ impl LockInternals {
         &self,
         prefix: &str,
         protection: &str,
-        lock_name: &str,
+        lock_name: &'static str,
         pending: &mut PendingNode,
-    ) -> Result<(LockNode, Option<Listing>)> {
+    ) -> Result<(LockNode, Option<Arc<Listing>>)> {
         let client = self.client();
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let mut backoff = Backoff::new();
@@ -162,15 +160,16 @@ impl LockInternals {
                     Err(err) => return Err(Error::zk("list", &self.dir, err)),
                 }
             }
-            // Both requests are sent now, in this order; only then do we wait for replies.
+            // The create is sent now, the listing right behind it (shared with other acquires
+            // on this session that are creating at the same moment); then we wait for replies.
             let create = client.create(prefix, &self.node_data, &options);
-            let listing = client.get_children(&self.dir);
+            let listing = listing::after_sent_requests(client, &self.dir, lock_name);
             match create.await {
                 Ok((stat, sequence)) => {
                     let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
-                    let listing = listing.await.ok();
+                    let listing = listing.await.and_then(Result::ok);
                     let node = LockNode { path, sequence: sequence.into_i64(), czxid, view: None };
                     return Ok((node, listing));
                 },
@@ -218,9 +217,9 @@ impl LockInternals {
     }
 
     /// Lists the directory with its stat (which identifies the directory instance).
-    async fn listing(&self) -> Result<Option<Listing>> {
+    async fn listing(&self, lock_name: &str) -> Result<Option<Arc<Listing>>> {
         match retry_unknown(|| self.client().get_children(&self.dir)).await {
-            Ok(listing) => Ok(Some(listing)),
+            Ok((names, dir_stat)) => Ok(Some(Arc::new(Listing::new(names, dir_stat, lock_name)))),
             Err(zk::Error::NoNode) => Ok(None),
             Err(err) => Err(Error::zk("list", &self.dir, err)),
         }
@@ -231,7 +230,7 @@ impl LockInternals {
         &self,
         driver: &dyn LockDriver,
         node: &mut LockNode,
-        pipelined: Option<Listing>,
+        pipelined: Option<Arc<Listing>>,
         wait: Wait,
     ) -> Result<Turn> {
         let lock_name = driver.lock_name();
@@ -241,23 +240,22 @@ impl LockInternals {
         let mut relisted = pipelined.is_none();
         let mut listing = match pipelined {
             Some(listing) => Some(listing),
-            None => self.listing().await?,
+            None => self.listing(lock_name).await?,
         };
-        let (children, dir_stat, ours_at) = loop {
-            let Some((names, dir_stat)) = listing else {
+        let (listing, ours_at) = loop {
+            let Some(current) = listing else {
                 return Ok(Turn::NodeGone);
             };
-            let children = naming::sort_lock_children(names, lock_name);
-            if let Some(index) = children.iter().position(|child| *child == ours) {
-                break (children, dir_stat, index);
+            if let Some(index) = current.position(&ours) {
+                break (current, index);
             }
             if relisted {
                 return Ok(Turn::NodeGone);
             }
             relisted = true;
-            listing = self.listing().await?;
+            listing = self.listing(lock_name).await?;
         };
-        match driver.decide(&mut children[..ours_at].iter().rev()) {
+        match driver.decide(&mut listing.children[..ours_at].iter().rev()) {
             Decision::Acquired => return Ok(Turn::Acquired(None)),
             Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
             Decision::WaitFor(_) => {},
@@ -266,9 +264,9 @@ impl LockInternals {
         // Wait with the process's shared view of the directory (see `view.rs` for why deciding
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
-        let view = DirView::of(&self.dir, lock_name, &dir_stat);
-        view.merge(&children, ours.sequence);
-        drop(children);
+        let view = DirView::of(&self.dir, lock_name, &listing.dir_stat);
+        view.merge(&listing.children, ours.sequence);
+        drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted
         // the lock when our predecessor goes. The server sends a session's events in zxid order,
         // and the select below is biased to our own node, so that deletion is seen first.

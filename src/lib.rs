@@ -21,6 +21,7 @@ mod engine;
 mod error;
 mod fenced;
 mod guard;
+mod listing;
 mod mutex;
 mod naming;
 mod path;

@@ -86,11 +86,12 @@ impl DirView {
         view
     }
 
-    /// Merges a listing taken after the create of our node `ours` (sorted lock nodes).
+    /// Merges a listing taken after the create of our node `ours` (lock nodes in queue order).
     pub(crate) fn merge(&self, listing: &[LockChild], ours: i64) {
         let mut state = lock(&self.state);
-        let from = state.covered_upto;
-        for child in listing.iter().filter(|child| child.sequence > from && child.sequence <= ours) {
+        let from = listing.partition_point(|child| child.sequence <= state.covered_upto);
+        let to = listing.partition_point(|child| child.sequence <= ours);
+        for child in listing.get(from..to).unwrap_or_default() {
             state.alive.insert(child.sequence, child.clone());
         }
         state.covered_upto = state.covered_upto.max(ours);
