@@ -4,18 +4,26 @@
 //!
 //! 1. Choose a GUID and arm a [`PendingNode`] *before* anything is sent, so that whatever happens
 //!    next — an error, a timeout, the future dropped at any `.await` — the node is deleted.
-//! 2. Create `<dir>/_c_<guid>-lock-` as `EPHEMERAL_SEQUENTIAL` and, pipelined behind it on the same
-//!    session, list the directory. The server answers a session's requests in order, so the
-//!    listing already contains our node: an uncontended acquire costs one round trip.
+//! 2. Create `<dir>/_c_<guid>-lock-` as `EPHEMERAL_SEQUENTIAL` and, pipelined right behind it on
+//!    the same session, list the directory (one listing serves every acquire of the session that
+//!    created at the same moment: [`listing`](crate::listing)). The server answers a session's
+//!    requests in order, so the listing already contains our node: an uncontended acquire costs
+//!    one round trip.
 //!    - The directory is missing: create it (and its parents) as container nodes, try again.
 //!    - The create's outcome is unknown (connection lost or stalled before the reply): look for
 //!      our GUID among the children (owned by our session) before creating again, so one attempt
 //!      never leaves two nodes.
 //! 3. Sort the lock nodes by sequence (foreign children are ignored) and ask the driver.
 //!    - Acquired: disarm the pending node; the caller now owns it.
-//!    - Wait for a predecessor: set a data watch on it (not `exists`, which would leave a watch
-//!      behind if it is already gone) and wait for it to change; then list again.
+//!    - Not first and not waiting (`try_acquire`): delete our node.
 //!    - Our node is not in the listing: someone deleted it; create a new one.
+//! 4. Wait: merge the listing into the process's view of the directory ([`DirView`]), watch our
+//!    own node and the predecessor the driver names (data watches, not `exists`, which would
+//!    leave a watch behind if the node is already gone). When the predecessor goes, ask the
+//!    driver again *from the view*: nodes ahead of ours can only disappear, and every deletion
+//!    seen by any waiter of this process is in the view, so a handoff usually needs no listing
+//!    at all (see `view.rs` for the argument). A node in the view that is in fact gone costs one
+//!    `NoNode` read, once.
 
 use std::future::Future;
 use std::pin::Pin;

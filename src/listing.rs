@@ -6,10 +6,10 @@
 //! order, so that listing was taken after each of those creates. Without this, N waiters queued
 //! at once would read O(N²) names (each listing holds the whole queue).
 //!
-//! The listing is sent by a task of its own after one scheduler yield (so the acquires running
-//! now can join), which also makes it independent of any one acquire being cancelled. An
-//! uncontended acquire still costs one round trip: its create and the listing travel back to
-//! back.
+//! When no listing is outstanding on the session, the acquire sends its own right behind its
+//! create (an uncontended acquire: one round trip). When one is (a burst of acquires), the next
+//! listing is sent by a task of its own after one scheduler yield, so the acquires running now can
+//! join it; that task does not depend on any one acquire, which may be cancelled.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -43,60 +43,114 @@ impl Listing {
 
 type Shared = Option<Result<Arc<Listing>, zk::Error>>;
 type Key = (i64, String, &'static str);
-type Open = Mutex<HashMap<Key, watch::Receiver<Shared>>>;
 
-/// Listings not sent yet, by session, directory and lock name.
-fn open() -> &'static Open {
-    static OPEN: OnceLock<Open> = OnceLock::new();
-    OPEN.get_or_init(|| Mutex::new(HashMap::new()))
+/// Per session, directory and lock name: the listing not sent yet (if any), and how many listings
+/// are outstanding.
+#[derive(Default)]
+struct Slot {
+    open: Option<watch::Receiver<Shared>>,
+    outstanding: usize,
 }
 
-fn lock(open: &Open) -> MutexGuard<'_, HashMap<Key, watch::Receiver<Shared>>> {
-    // Single insert/remove/get operations only: a poisoned map is still consistent.
-    open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+type Slots = Mutex<HashMap<Key, Slot>>;
+
+fn slots() -> &'static Slots {
+    static SLOTS: OnceLock<Slots> = OnceLock::new();
+    SLOTS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn lock(slots: &Slots) -> MutexGuard<'_, HashMap<Key, Slot>> {
+    // Each update is a few field writes under the lock: a poisoned map is still consistent.
+    slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counts an outstanding listing until dropped (also when its future is cancelled).
+struct Outstanding(Key);
+
+impl Outstanding {
+    fn start(slots: &mut HashMap<Key, Slot>, key: &Key) -> Outstanding {
+        slots.entry(key.clone()).or_default().outstanding += 1;
+        Outstanding(key.clone())
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        let mut slots = lock(slots());
+        if let Some(slot) = slots.get_mut(&self.0) {
+            slot.outstanding -= 1;
+            if slot.outstanding == 0 && slot.open.is_none() {
+                slots.remove(&self.0);
+            }
+        }
+    }
 }
 
 /// A listing of `dir` sent on `client`'s session after every request already sent on it — call
 /// it right after sending the create. `None` if it could not be had (an error, or no runtime):
 /// list again yourself.
+///
+/// With no other listing outstanding it is sent at once; otherwise (many acquires at the same
+/// moment) it is sent shortly, shared with every acquire that asks meanwhile.
 pub(crate) fn after_sent_requests(
     client: &zk::Client,
     dir: &str,
     lock_name: &'static str,
 ) -> impl Future<Output = Option<Result<Arc<Listing>, zk::Error>>> + Send + 'static {
+    enum Via {
+        Direct(Outstanding, BoxedReply),
+        Shared(watch::Receiver<Shared>),
+        Nothing,
+    }
     let key: Key = (client.session_id().0, dir.to_owned(), lock_name);
-    let mut receiver = {
-        let mut open = lock(open());
-        match open.get(&key) {
+    let via = {
+        let mut slots = lock(slots());
+        let slot = slots.entry(key.clone()).or_default();
+        if let Some(receiver) = &slot.open {
             // Not sent yet, so it will be sent after our create.
-            Some(receiver) => Some(receiver.clone()),
-            None => match tokio::runtime::Handle::try_current() {
+            Via::Shared(receiver.clone())
+        } else if slot.outstanding == 0 {
+            let outstanding = Outstanding::start(&mut slots, &key);
+            Via::Direct(outstanding, Box::pin(client.get_children(dir)))
+        } else {
+            match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
                     let (sender, receiver) = watch::channel(None);
-                    open.insert(key.clone(), receiver.clone());
+                    slot.open = Some(receiver.clone());
                     runtime.spawn(send_listing(client.clone(), key, lock_name, sender));
-                    Some(receiver)
+                    Via::Shared(receiver)
                 },
-                Err(_) => None,
-            },
+                Err(_) => Via::Nothing,
+            }
         }
     };
     async move {
-        let receiver = receiver.as_mut()?;
-        let shared = receiver.wait_for(Option::is_some).await.ok()?;
-        shared.clone()
+        match via {
+            Via::Direct(outstanding, reply) => {
+                let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, lock_name)));
+                drop(outstanding);
+                Some(result)
+            },
+            Via::Shared(mut receiver) => receiver.wait_for(Option::is_some).await.ok()?.clone(),
+            Via::Nothing => None,
+        }
     }
 }
+
+type BoxedReply = std::pin::Pin<Box<dyn Future<Output = Result<(Vec<String>, zk::Stat), zk::Error>> + Send>>;
 
 async fn send_listing(client: zk::Client, key: Key, lock_name: &'static str, sender: watch::Sender<Shared>) {
     // Let the acquires that are running now send their creates and join.
     tokio::task::yield_now().await;
-    let reply = {
-        let mut open = lock(open());
-        open.remove(&key);
+    let (outstanding, reply) = {
+        let mut slots = lock(slots());
+        if let Some(slot) = slots.get_mut(&key) {
+            slot.open = None;
+        }
         // Sent while nobody can join any more.
-        client.get_children(&key.1)
+        (Outstanding::start(&mut slots, &key), client.get_children(&key.1))
     };
     let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, lock_name)));
+    drop(outstanding);
     let _ = sender.send(Some(result));
 }

@@ -1,0 +1,391 @@
+//! Benchmark of `InterProcessMutex` with the workloads of `../shared/bench-peers` (same sizes,
+//! same environment knobs, same JSON line per workload), so it can run side by side with Curator,
+//! kazoo and `zookeeper-client`'s own lock on one server:
+//!
+//! ```sh
+//! cargo build --release --example bench
+//! target/release/examples/bench 127.0.0.1:2181 W1,W2,W3,W4
+//! PROJECT_BENCH="$PWD/target/release/examples/bench" ../shared/bench-peers/run_all.sh
+//! ```
+//!
+//! Release is dropping the guard (the delete is sent before `drop` returns and confirmed in the
+//! background), as in the `zkc` peer; W1 and W3 are also run with `release().await`
+//! (`zk-recipes-await`). W1 reports the requests per cycle counted by the server (`mntr`
+//! `zk_packets_received`, pings included).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zk_recipes::InterProcessMutex;
+use zookeeper_client as zk;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Nearest-rank percentile of ns samples, in microseconds.
+fn pct_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).max(1);
+    sorted[rank - 1] as f64 / 1000.0
+}
+
+struct Report {
+    imp: &'static str,
+    workload: &'static str,
+    ops: u64,
+    secs: f64,
+    lat_ns: Vec<u64>,
+    lat_kind: &'static str,
+    violations: u64,
+    clients: usize,
+    per_client: Option<Vec<u64>>,
+    notes: String,
+}
+
+fn emit(mut r: Report) {
+    r.lat_ns.sort_unstable();
+    let per = match &r.per_client {
+        Some(v) => format!("[{}]", v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        None => "null".into(),
+    };
+    let fair = match r.per_client.as_deref() {
+        Some(v) => match (v.iter().min(), v.iter().max()) {
+            (Some(&min), Some(&max)) if min > 0 => format!("{:.3}", max as f64 / min as f64),
+            _ => "null".into(),
+        },
+        None => "null".into(),
+    };
+    println!(
+        "{{\"impl\":\"{}\",\"workload\":\"{}\",\"ops_per_s\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"violations\":{},\"clients\":{},\"ops\":{},\"secs\":{:.3},\"lat\":\"{}\",\"samples\":{},\"per_client\":{},\"fairness_max_min\":{},\"notes\":\"{}\"}}",
+        r.imp,
+        r.workload,
+        r.ops as f64 / r.secs,
+        pct_us(&r.lat_ns, 0.50),
+        pct_us(&r.lat_ns, 0.99),
+        r.violations,
+        r.clients,
+        r.ops,
+        r.secs,
+        r.lat_kind,
+        r.lat_ns.len(),
+        per,
+        fair,
+        r.notes
+    );
+}
+
+async fn connect(addr: &str) -> Result<zk::Client, BoxError> {
+    Ok(zk::Client::connector().with_session_timeout(Duration::from_secs(10)).connect(addr).await?)
+}
+
+async fn connect_n(addr: &str, n: usize) -> Result<Vec<zk::Client>, BoxError> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(connect(addr).await?);
+    }
+    Ok(clients)
+}
+
+/// `zk_packets_received` from the server's `mntr` four-letter word.
+async fn packets_received(addr: &str) -> Result<u64, BoxError> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(b"mntr").await?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await?;
+    let value = reply.lines().find_map(|line| line.strip_prefix("zk_packets_received")).ok_or("no mntr")?;
+    Ok(value.trim().parse()?)
+}
+
+/// One acquire → release cycle.
+async fn cycle(mutex: &InterProcessMutex, await_release: bool) -> Result<(), BoxError> {
+    let guard = mutex.acquire().await?;
+    if await_release {
+        guard.release().await?;
+    } else {
+        drop(guard);
+    }
+    Ok(())
+}
+
+async fn w1(addr: &str, base: &str, imp: &'static str, await_release: bool) -> Result<(), BoxError> {
+    let client = connect(addr).await?;
+    let warm = InterProcessMutex::new(client.clone(), format!("{base}/warm-{imp}"))?;
+    for _ in 0..env("WARMUP_CYCLES", 500) {
+        cycle(&warm, await_release).await?;
+    }
+    let n = env("W1_CYCLES", 2000);
+    let mutex = InterProcessMutex::new(client, format!("{base}/W1/{imp}"))?;
+    cycle(&mutex, await_release).await?; // creates the lock path (container parents)
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let packets_before = packets_received(addr).await.ok();
+    let mut lat = Vec::with_capacity(n as usize);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let s = now_ns();
+        cycle(&mutex, await_release).await?;
+        lat.push(now_ns() - s);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(50)).await; // let the last background delete land
+    let per_cycle = match (packets_before, packets_received(addr).await.ok()) {
+        (Some(before), Some(after)) => format!("{:.2}", (after - before - 1) as f64 / n as f64),
+        _ => "n/a".into(),
+    };
+    let release = if await_release { "release().await" } else { "drop(guard): delete sent before drop returns" };
+    emit(Report {
+        imp,
+        workload: "W1",
+        ops: n,
+        secs,
+        lat_ns: lat,
+        lat_kind: "cycle",
+        violations: 0,
+        clients: 1,
+        per_client: None,
+        notes: format!(
+            "cycle=acquire (create+getChildren pipelined) + {release}; requests_per_cycle={per_cycle} (mntr zk_packets_received, incl. pings)"
+        ),
+    });
+    Ok(())
+}
+
+/// W2: sessions hammer one lock; holders must never exceed 1 and a deliberately unsynchronised
+/// read-modify-write of a shared counter must never lose an update.
+async fn w2(addr: &str, base: &str) -> Result<(), BoxError> {
+    let n = env("W2_CLIENTS", 8) as usize;
+    let (warm, run) = (env("W2_WARMUP_SECS", 1), env("W2_SECS", 10));
+    let path = format!("{base}/W2/lock");
+    let clients = connect_n(addr, n).await?;
+    let holders = Arc::new(AtomicI64::new(0));
+    let (counter, total, violations) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let last_release = Arc::new(AtomicU64::new(0));
+    let (measuring, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut tasks = Vec::new();
+    for client in clients {
+        let mutex = InterProcessMutex::new(client, path.as_str())?;
+        let (holders, counter, total, violations, last_release, measuring, stop) = (
+            holders.clone(),
+            counter.clone(),
+            total.clone(),
+            violations.clone(),
+            last_release.clone(),
+            measuring.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let (mut mine, mut lat) = (0u64, Vec::new());
+            while !stop.load(SeqCst) {
+                let guard = mutex.acquire().await?;
+                let t = now_ns();
+                if holders.fetch_add(1, SeqCst) != 0 {
+                    violations.fetch_add(1, SeqCst);
+                }
+                let v = counter.load(SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, SeqCst);
+                total.fetch_add(1, SeqCst);
+                if measuring.load(SeqCst) {
+                    mine += 1;
+                    let prev = last_release.load(SeqCst);
+                    if prev != 0 {
+                        lat.push(t - prev);
+                    }
+                }
+                holders.fetch_sub(1, SeqCst);
+                last_release.store(now_ns(), SeqCst);
+                drop(guard);
+            }
+            Ok::<_, BoxError>((mine, lat))
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(warm)).await;
+    measuring.store(true, SeqCst);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(run)).await;
+    measuring.store(false, SeqCst);
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, SeqCst);
+    let (mut per, mut lat) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let (mine, l) = task.await??;
+        per.push(mine);
+        lat.extend(l);
+    }
+    let lost = total.load(SeqCst) - counter.load(SeqCst);
+    emit(Report {
+        imp: "zk-recipes",
+        workload: "W2",
+        ops: per.iter().sum(),
+        secs,
+        lat_ns: lat,
+        lat_kind: "handoff",
+        violations: violations.load(SeqCst) + lost,
+        clients: n,
+        per_client: Some(per),
+        notes: format!("{n} sessions, {warm}s warm-up then {run}s; latency=release->next acquire; lost_updates={lost}"),
+    });
+    Ok(())
+}
+
+async fn w3(addr: &str, base: &str, imp: &'static str, await_release: bool) -> Result<(), BoxError> {
+    let n = env("W3_CLIENTS", 8) as usize;
+    let cycles = env("W3_CYCLES", 1000);
+    let warm = env("WARMUP_CYCLES", 500) / 5;
+    let clients = connect_n(addr, n).await?;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let warm_mutex = InterProcessMutex::new(client.clone(), format!("{base}/W3/{imp}-warm-{i}"))?;
+        let mutex = InterProcessMutex::new(client, format!("{base}/W3/{imp}-lock-{i}"))?;
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..warm {
+                cycle(&warm_mutex, await_release).await?;
+            }
+            cycle(&mutex, await_release).await?; // creates the lock path
+            barrier.wait().await;
+            let start = now_ns();
+            let mut lat = Vec::with_capacity(cycles as usize);
+            for _ in 0..cycles {
+                let s = now_ns();
+                cycle(&mutex, await_release).await?;
+                lat.push(now_ns() - s);
+            }
+            Ok::<_, BoxError>((start, now_ns(), lat))
+        }));
+    }
+    let (mut start, mut end, mut lat) = (u64::MAX, 0, Vec::new());
+    for task in tasks {
+        let (s, e, l) = task.await??;
+        (start, end) = (start.min(s), end.max(e));
+        lat.extend(l);
+    }
+    emit(Report {
+        imp,
+        workload: "W3",
+        ops: n as u64 * cycles,
+        secs: (end - start) as f64 / 1e9,
+        lat_ns: lat,
+        lat_kind: "cycle",
+        violations: 0,
+        clients: n,
+        per_client: Some(vec![cycles; n]),
+        notes: format!("{n} sessions, one lock path each, {warm} warm-up cycles each then {cycles} cycles"),
+    });
+    Ok(())
+}
+
+/// W4: one holder + N queued waiters; release -> next acquire while the queue drains.
+async fn w4(addr: &str, base: &str) -> Result<(), BoxError> {
+    let waiters = env("W4_WAITERS", 64) as usize;
+    let rounds = env("W4_ROUNDS", 5);
+    let path = format!("{base}/W4/lock");
+    let clients = connect_n(addr, waiters + 1).await?;
+    let observer = clients[0].clone();
+    let mutexes: Vec<InterProcessMutex> =
+        clients.into_iter().map(|c| InterProcessMutex::new(c, path.as_str())).collect::<Result<_, _>>()?;
+    let holders = Arc::new(AtomicI64::new(0));
+    let violations = Arc::new(AtomicU64::new(0));
+    let (mut lat, mut drain_ns) = (Vec::new(), 0u64);
+    for round in 0..=rounds {
+        let last_release = Arc::new(AtomicU64::new(0));
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let last_acquire = Arc::new(AtomicU64::new(0));
+        let guard = mutexes[0].acquire().await?;
+        let mut tasks = Vec::new();
+        for mutex in &mutexes[1..] {
+            let mutex = mutex.clone();
+            let (holders, violations, last_release, latencies, last_acquire) =
+                (holders.clone(), violations.clone(), last_release.clone(), latencies.clone(), last_acquire.clone());
+            tasks.push(tokio::spawn(async move {
+                let g = mutex.acquire().await?;
+                let t = now_ns();
+                if holders.fetch_add(1, SeqCst) != 0 {
+                    violations.fetch_add(1, SeqCst);
+                }
+                latencies.lock().map_err(|_| "poisoned")?.push(t - last_release.load(SeqCst));
+                last_acquire.fetch_max(t, SeqCst);
+                holders.fetch_sub(1, SeqCst);
+                last_release.store(now_ns(), SeqCst);
+                drop(g);
+                Ok::<_, BoxError>(())
+            }));
+        }
+        while observer.list_children(&path).await?.len() < waiters + 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let start = now_ns();
+        last_release.store(start, SeqCst);
+        drop(guard);
+        for task in tasks {
+            task.await??;
+        }
+        if round > 0 {
+            drain_ns += last_acquire.load(SeqCst) - start;
+            lat.extend(latencies.lock().map_err(|_| "poisoned")?.drain(..));
+        }
+    }
+    emit(Report {
+        imp: "zk-recipes",
+        workload: "W4",
+        ops: rounds * waiters as u64,
+        secs: drain_ns as f64 / 1e9,
+        lat_ns: lat,
+        lat_kind: "handoff",
+        violations: violations.load(SeqCst),
+        clients: waiters + 1,
+        per_client: None,
+        notes: format!(
+            "1 holder + {waiters} queued waiters ({} sessions), 1 warm-up round + {rounds} rounds; ops_per_s=handoffs/drain time",
+            waiters + 1
+        ),
+    });
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(addr) = args.get(1) else {
+        eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4]", args[0]);
+        std::process::exit(2);
+    };
+    let workloads = args.get(2).cloned().unwrap_or_else(|| "W1,W2,W3,W4".into());
+    now_ns();
+    let run_id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis()
+    );
+    let base = format!("/peers/zk-recipes/{run_id}");
+    for workload in workloads.split(',') {
+        match workload {
+            "W1" => {
+                w1(addr, &base, "zk-recipes", false).await?;
+                w1(addr, &base, "zk-recipes-await", true).await?;
+            },
+            "W2" => w2(addr, &base).await?,
+            "W3" => {
+                w3(addr, &base, "zk-recipes", false).await?;
+                w3(addr, &base, "zk-recipes-await", true).await?;
+            },
+            "W4" => w4(addr, &base).await?,
+            other => return Err(format!("unknown workload {other}").into()),
+        }
+    }
+    Ok(())
+}
