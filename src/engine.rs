@@ -295,7 +295,10 @@ impl LockInternals {
                 tokio::select! {
                     biased;
                     event = &mut own_watch => match event {
-                        Watched::Deleted => return Ok(Turn::NodeGone),
+                        Watched::Deleted => {
+                            view.deleted(&ours);
+                            return Ok(Turn::NodeGone);
+                        },
                         Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
                         Watched::Other => own_watch = self.watch(&node.path),
                     },

@@ -5,30 +5,9 @@ use std::time::{Duration, Instant};
 use zk_testcontainers::zookeeper_client::{self as zk, Acls, CreateMode, SessionState};
 use zk_testcontainers::{op, FaultProxy, ZooKeeper};
 
-fn unique(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!("/{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
+mod common;
 
-/// Waits until the client's state is `want` (seeing every transition), returning the last
-/// state seen.
-async fn wait_state(client: &zk::Client, want: SessionState, within: Duration) -> SessionState {
-    let deadline = Instant::now() + within;
-    let mut watcher = client.state_watcher();
-    let mut state = client.state();
-    while state != want {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        match tokio::time::timeout(deadline - now, watcher.changed()).await {
-            Ok(s) => state = s,
-            Err(_) => break,
-        }
-    }
-    state
-}
+use common::{unique, wait_state};
 
 async fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
