@@ -12,7 +12,24 @@
 //! # }
 //! ```
 //!
-//! See the README for guarantees, limits and how the recipe works.
+//! # Guarantees, in short
+//!
+//! - **Mutual exclusion and fairness** among every client of the lock path (Curator's
+//!   `InterProcessMutex` included), grants in queue order, while sessions are alive.
+//! - **No leaked nodes**: every acquire method is cancel safe; abandoned nodes are deleted in the
+//!   background until gone or the session is dead, and only if they belong to our session.
+//! - **The holder is told**: [`LockGuard::state`] and [`LockGuard::lost`] report a lost lock
+//!   (session expired, connection lost under [`LossPolicy::Suspended`], session deadline passed
+//!   under [`LossPolicy::SessionDeadline`], node deleted by someone else); `Lost` is final.
+//! - **Fencing**: [`LockGuard::fencing_token`] increases with every holder, and
+//!   [`LockGuard::fenced_writer`] writes to ZooKeeper only while our lock node exists.
+//!
+//! What no lock can guarantee: a holder paused (GC, a frozen VM) for longer than the session
+//! timeout wakes up believing it holds the lock, after the server gave it to someone else. Only the
+//! guarded resource can stop its late writes — through [`FencedWriter`] for ZooKeeper data, or by
+//! rejecting fencing tokens lower than the highest it has seen.
+//!
+//! See the README for the details, the timing of loss detection, and limits.
 #![warn(missing_docs)]
 
 mod cleanup;
