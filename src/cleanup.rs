@@ -33,6 +33,16 @@ pub(crate) enum Target {
     Protected { dir: String, protection: String },
 }
 
+impl Target {
+    /// The node's path, or its directory when the name is not known.
+    fn path(&self) -> &str {
+        match self {
+            Target::Path(path) => path,
+            Target::Protected { dir, .. } => dir,
+        }
+    }
+}
+
 /// Deletes unwanted lock nodes in the background. Cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct Cleanup {
@@ -129,9 +139,16 @@ async fn delete_until_gone(
                 debug!(?target, "lock node deleted");
                 return Ok(());
             },
-            Err(err) if session_dead(&err) => {
-                debug!(?target, %err, "session is dead; the server removes its lock nodes");
+            // Expired or closed: the server has deleted (or is deleting) the session's nodes.
+            Err(err @ (zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                debug!(?target, %err, "session is gone; so are its lock nodes");
                 return Ok(());
+            },
+            // The client is unusable, but the server keeps the session — and the node — until it
+            // times out: not "deleted".
+            Err(err) if session_dead(&err) => {
+                warn!(?target, %err, "client unusable; the lock node goes away when its session times out");
+                return Err(Error::zk("delete", target.path(), err));
             },
             Err(err) if outcome_unknown(&err) => {
                 debug!(?target, %err, "retrying lock node deletion");
@@ -139,11 +156,7 @@ async fn delete_until_gone(
             },
             Err(err) => {
                 warn!(?target, %err, "cannot delete lock node; it goes away when the session ends");
-                let path = match &target {
-                    Target::Path(path) => path.clone(),
-                    Target::Protected { dir, .. } => dir.clone(),
-                };
-                return Err(Error::zk("delete", &path, err));
+                return Err(Error::zk("delete", target.path(), err));
             },
         }
     }
@@ -241,9 +254,12 @@ impl PendingNode {
         self.path = Some(path);
     }
 
-    /// Forgets the node's path after it was found deleted: the next create starts afresh.
-    pub(crate) fn forget(&mut self) {
-        self.path = None;
+    /// Gives up the node whose path we know (it was found deleted; if it is not, it is deleted
+    /// now), so that the next create starts afresh.
+    pub(crate) fn abandon_node(&mut self) {
+        if let Some(path) = self.path.take() {
+            self.cleanup.delete(Target::Path(path));
+        }
     }
 
     /// The acquire succeeded: the held lock owns the node now.

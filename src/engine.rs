@@ -27,6 +27,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tracing::{debug, warn, Span};
@@ -131,7 +132,8 @@ impl LockInternals {
                     if losses >= MAX_NODE_LOSSES {
                         return Err(Error::LockNodeDeleted { path: self.dir.clone() });
                     }
-                    pending.forget();
+                    // Gone, as far as we can tell; should it still exist, this deletes it.
+                    pending.abandon_node();
                 },
             }
         }
@@ -276,15 +278,36 @@ impl LockInternals {
         view.merge(&listing.children, ours.sequence);
         drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted
-        // the lock when our predecessor goes. The server sends a session's events in zxid order,
-        // and the select below is biased to our own node, so that deletion is seen first.
+        // the lock when our predecessor goes. The server sends a session's replies and events in
+        // order, our watch request goes out first, and the select below polls our own watch
+        // first, so a deletion of our node before our predecessor's is seen first. That holds
+        // while our original watch is armed and the connection has not been re-established
+        // (re-registered watches fire in no particular order); otherwise we check our node once
+        // more before taking the lock.
         let mut own_watch = self.watch(&node.path);
+        let mut own_watch_trusted = true;
+        let mut session = self.client().state_watcher();
+        session.state();
         loop {
             let predecessor = match view.decide(driver, &ours) {
                 None => return Ok(Turn::NodeGone),
                 Some(Decision::Acquired) => {
-                    node.view = Some(view);
-                    return Ok(Turn::Acquired(Some(own_watch)));
+                    if own_watch_trusted && own_watch.is_armed() {
+                        node.view = Some(view);
+                        return Ok(Turn::Acquired(Some(own_watch)));
+                    }
+                    return match retry_unknown(|| self.client().check_stat(&node.path)).await {
+                        Ok(Some(_)) => {
+                            node.view = Some(view);
+                            Ok(Turn::Acquired(own_watch.is_armed().then_some(own_watch)))
+                        },
+                        Ok(None) => {
+                            view.deleted(&ours);
+                            Ok(Turn::NodeGone)
+                        },
+                        Err(err) if session_dead(&err) => Err(self.session_lost(err.to_string())),
+                        Err(err) => Err(Error::zk("check lock node", &node.path, err)),
+                    };
                 },
                 Some(Decision::WaitFor(predecessor)) => predecessor,
             };
@@ -300,8 +323,12 @@ impl LockInternals {
                             return Ok(Turn::NodeGone);
                         },
                         Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
-                        Watched::Other => own_watch = self.watch(&node.path),
+                        Watched::Other => {
+                            own_watch_trusted = false;
+                            own_watch = self.watch(&node.path);
+                        },
                     },
+                    _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
                         match event {
                             Watched::Deleted => view.deleted(&predecessor),
@@ -324,8 +351,27 @@ impl LockInternals {
     }
 }
 
-/// A data watch on a lock node, resolving when it fires.
-pub(crate) type NodeWatch = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
+/// A data watch on a lock node, resolving when it fires. The watch request is sent when the
+/// future is first polled.
+pub(crate) struct NodeWatch {
+    armed: Arc<AtomicBool>,
+    fired: Pin<Box<dyn Future<Output = Watched> + Send + 'static>>,
+}
+
+impl NodeWatch {
+    /// Whether the server has confirmed the watch (and so that the node existed then).
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::SeqCst)
+    }
+}
+
+impl Future for NodeWatch {
+    type Output = Watched;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Watched> {
+        self.fired.as_mut().poll(cx)
+    }
+}
 
 /// Sets a data watch on `path` and waits for it to fire. Connection trouble while setting it is
 /// retried; the client re-registers set watches after a reconnection by itself.
@@ -334,11 +380,14 @@ pub(crate) type NodeWatch = Pin<Box<dyn Future<Output = Watched> + Send + 'stati
 /// client send a request to remove it.
 pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
     tracing::trace!(path, "setting a data watch");
-    Box::pin(async move {
+    let armed = Arc::new(AtomicBool::new(false));
+    let set = armed.clone();
+    let fired = Box::pin(async move {
         let mut backoff = Backoff::new();
         loop {
             match client.get_and_watch_data(&path).await {
                 Ok((_, _, watcher)) => {
+                    set.store(true, Ordering::SeqCst);
                     let event = watcher.changed().await;
                     return match event.event_type {
                         zk::EventType::NodeDeleted => Watched::Deleted,
@@ -357,7 +406,8 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
                 },
             }
         }
-    })
+    });
+    NodeWatch { armed, fired }
 }
 
 /// What a data watch on a lock node reported.

@@ -35,9 +35,7 @@ impl Listing {
 
     /// Index of `child` in queue order, if listed.
     pub(crate) fn position(&self, child: &LockChild) -> Option<usize> {
-        self.children
-            .binary_search_by(|c| c.sequence.cmp(&child.sequence).then_with(|| c.name.as_str().cmp(&child.name)))
-            .ok()
+        self.children.binary_search(child).ok()
     }
 }
 

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::naming::MUTEX_LOCK_NAME;
 use crate::path::validate_lock_path;
-use crate::state::{monitor_hold, HoldState, LockState, LossPolicy};
+use crate::state::{monitor_hold, HoldState, LockState, LossPolicy, Released};
 
 const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
 
@@ -100,7 +100,7 @@ pub(crate) struct Hold {
     /// Notified when the holder first looks at the state (see `state::monitor_hold`).
     pub(crate) interest: Arc<tokio::sync::Notify>,
     /// Notified when the owner's last guard is released.
-    released: Arc<tokio::sync::Notify>,
+    released: Arc<Released>,
 }
 
 #[derive(Debug)]
@@ -252,7 +252,7 @@ impl InterProcessMutex {
     fn register(&self, owner: Owner, Grant { node, own_watch }: Grant) -> LockGuard {
         let state: HoldState = Arc::new(tokio::sync::watch::Sender::new(LockState::Held));
         let interest = Arc::new(tokio::sync::Notify::new());
-        let released = Arc::new(tokio::sync::Notify::new());
+        let released = Arc::new(Released::default());
         tokio::spawn(monitor_hold(
             self.inner.internals.cleanup().clone(),
             node.path.clone(),
@@ -321,7 +321,7 @@ impl MutexInner {
         }
         // Released: what happens to the node from now on is no loss. (Notified before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
-        hold.released.notify_one();
+        hold.released.set();
         holds.remove(&hold.owner).map(|entry| entry.hold.node.clone())
     }
 }

@@ -18,13 +18,26 @@ pub(crate) fn protection(guid: &Uuid) -> String {
     format!("{PROTECTED_PREFIX}{}-", guid.as_hyphenated())
 }
 
-/// One child of the lock directory that is a lock node.
+/// One child of the lock directory that is a lock node. Ordered as in the queue: by sequence
+/// number, then by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockChild {
     /// The node name (not the full path).
     pub name: String,
     /// The sequence number the server appended.
     pub sequence: i64,
+}
+
+impl Ord for LockChild {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.sequence.cmp(&other.sequence).then_with(|| self.name.cmp(&other.name))
+    }
+}
+
+impl PartialOrd for LockChild {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// Parses the sequence number of a lock node name: the digits after the last `lock_name`.
@@ -46,7 +59,7 @@ pub(crate) fn sort_lock_children(children: Vec<String>, lock_name: &str) -> Vec<
         .into_iter()
         .filter_map(|name| parse_sequence(&name, lock_name).map(|sequence| LockChild { name, sequence }))
         .collect();
-    nodes.sort_by(|a, b| a.sequence.cmp(&b.sequence).then_with(|| a.name.cmp(&b.name)));
+    nodes.sort();
     nodes
 }
 

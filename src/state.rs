@@ -91,6 +91,25 @@ pub enum LossPolicy {
     SessionDeadline,
 }
 
+/// Set once, when the owner's last guard of a hold is released (before the node's delete is
+/// sent): from then on nothing that happens to the node is a loss.
+#[derive(Debug, Default)]
+pub(crate) struct Released {
+    flag: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl Released {
+    pub(crate) fn set(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    fn is_set(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// How long a hold nobody asked about goes without a watch on its own node.
 pub(crate) const OWN_NODE_WATCH_DELAY: Duration = Duration::from_millis(100);
 
@@ -132,6 +151,13 @@ fn terminal_reason(state: zk::SessionState) -> LossReason {
 
 type Pending<'a, T> = Option<Pin<Box<dyn Future<Output = T> + Send + 'a>>>;
 
+async fn poll_watch(watch: &mut Option<NodeWatch>) -> Watched {
+    match watch.as_mut() {
+        Some(watch) => watch.await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn poll_pending<T>(future: &mut Pending<'_, T>) -> T {
     match future.as_mut() {
         Some(future) => future.await,
@@ -149,7 +175,7 @@ pub(crate) async fn monitor_hold(
     state: HoldState,
     policy: LossPolicy,
     interest: Arc<Notify>,
-    released: Arc<Notify>,
+    released: Arc<Released>,
     own_watch: Option<NodeWatch>,
 ) {
     let client = cleanup.client().clone();
@@ -162,11 +188,19 @@ pub(crate) async fn monitor_hold(
     heartbeat_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heartbeat: Pending<'_, (Instant, Result<Option<zk::Stat>, zk::Error>)> = None;
     let mut watching = own_watch.is_some();
-    let mut node_watch: Pending<'_, Watched> = own_watch;
+    let mut node_watch: Option<NodeWatch> = own_watch;
     let mut connected;
     let watch_at = last_reply + OWN_NODE_WATCH_DELAY;
 
     let lost = loop {
+        if released.is_set() {
+            // Our own delete fires the watch on our node: wait for it rather than dropping it
+            // armed, which would cost a request to remove it.
+            if let Some(watch) = node_watch.take() {
+                let _ = tokio::time::timeout(timeout, watch).await;
+            }
+            return;
+        }
         let session_state = session.state();
         match session_state {
             s if s.is_terminated() => break terminal_reason(s),
@@ -188,18 +222,11 @@ pub(crate) async fn monitor_hold(
         let deadline = last_reply + allowance;
         tokio::select! {
             biased;
-            _ = released.notified() => {
-                // Our own delete fires the watch on our node: wait for it rather than dropping it
-                // armed, which would cost a request to remove it.
-                if let Some(watch) = node_watch.take() {
-                    let _ = tokio::time::timeout(timeout, watch).await;
-                }
-                return;
-            },
+            _ = released.notify.notified() => {},
             _ = session.changed() => {},
             _ = interest.notified(), if !watching => watching = true,
             _ = tokio::time::sleep_until(watch_at), if !watching => watching = true,
-            event = poll_pending(&mut node_watch) => {
+            event = poll_watch(&mut node_watch) => {
                 node_watch = None;
                 match event {
                     Watched::Deleted => break LossReason::NodeDeleted,

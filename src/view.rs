@@ -27,7 +27,7 @@
 //! the listing), so a directory that was deleted and re-created, or the same path on another
 //! ensemble, never shares a view.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use zookeeper_client as zk;
@@ -52,8 +52,9 @@ pub(crate) struct DirView {
 
 #[derive(Debug)]
 struct ViewState {
-    /// Possibly alive lock nodes by sequence number.
-    alive: BTreeMap<i64, LockChild>,
+    /// Possibly alive lock nodes, in queue order (sequence, then name: a non-sequential child
+    /// named like a lock node may share a sequence number with a real one).
+    alive: BTreeSet<LockChild>,
     /// Listings merged so far cover every node with a sequence number up to this.
     covered_upto: i64,
 }
@@ -80,7 +81,7 @@ impl DirView {
         }
         let view = Arc::new(DirView {
             key: key.clone(),
-            state: Mutex::new(ViewState { alive: BTreeMap::new(), covered_upto: i64::MIN }),
+            state: Mutex::new(ViewState { alive: BTreeSet::new(), covered_upto: i64::MIN }),
         });
         views.insert(key, Arc::downgrade(&view));
         view
@@ -92,7 +93,7 @@ impl DirView {
         let from = listing.partition_point(|child| child.sequence <= state.covered_upto);
         let to = listing.partition_point(|child| child.sequence <= ours);
         for child in listing.get(from..to).unwrap_or_default() {
-            state.alive.insert(child.sequence, child.clone());
+            state.alive.insert(child.clone());
         }
         state.covered_upto = state.covered_upto.max(ours);
     }
@@ -101,18 +102,16 @@ impl DirView {
     /// `None` if our node is known to be gone.
     pub(crate) fn decide(&self, driver: &dyn LockDriver, ours: &LockChild) -> Option<Decision> {
         let state = lock(&self.state);
-        if state.alive.get(&ours.sequence) != Some(ours) {
+        if !state.alive.contains(ours) {
             return None;
         }
-        Some(driver.decide(&mut state.alive.range(..ours.sequence).rev().map(|(_, child)| child)))
+        Some(driver.decide(&mut state.alive.range(..ours).rev()))
     }
 
     /// Records that `child` is gone.
     pub(crate) fn deleted(&self, child: &LockChild) {
         let mut state = lock(&self.state);
-        if state.alive.get(&child.sequence) == Some(child) {
-            state.alive.remove(&child.sequence);
-        }
+        state.alive.remove(child);
     }
 }
 
@@ -159,6 +158,19 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &c));
         drop((a, b, c));
         assert!(!lock(registry()).keys().any(|key| key.dir == "/view-test/a"));
+    }
+
+    #[test]
+    fn nodes_sharing_a_sequence_number_are_both_kept() {
+        let view = DirView::of("/view-test/c", "lock-", &stat(1));
+        let mutex = StandardDriver { lock_name: "lock-", max_leases: 1 };
+        let real = LockChild { name: "_c_a-lock-0000000042".into(), sequence: 42 };
+        let copy = LockChild { name: "lock-0000000042".into(), sequence: 42 };
+        let ours = child(43);
+        view.merge(&[real.clone(), copy.clone(), ours.clone()], 43);
+        assert_eq!(view.decide(&mutex, &real), Some(Decision::Acquired));
+        view.deleted(&copy);
+        assert_eq!(view.decide(&mutex, &ours), Some(Decision::WaitFor(real.clone())));
     }
 
     #[test]

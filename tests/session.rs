@@ -366,3 +366,33 @@ async fn resource_rejects_stale_fencing_tokens() {
     fresh.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }
+
+/// Our queued node's data is changed (which uses up our watch on it) and the node deleted in the
+/// same transaction as our predecessor: we must not be granted the lock with a node that no
+/// longer exists, but queue again and be granted with a live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_whose_node_was_changed_then_deleted_is_not_granted_with_it() {
+    let path = unique_path("revoked");
+    let admin = client().await;
+    let holder = InterProcessMutex::new(client().await, &path).unwrap();
+    let held = holder.acquire().await.unwrap();
+    let waiter = InterProcessMutex::new(client().await, &path).unwrap();
+    let waiting = tokio::spawn(async move { waiter.acquire().await.unwrap() });
+    eventually(Duration::from_secs(10), "waiter queued", || async { holder.participants().await.unwrap().len() == 2 })
+        .await;
+    let participants = holder.participants().await.unwrap();
+    let queued = participants[1].path.clone();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the waiter's watches are set
+    let mut multi = admin.new_multi_writer();
+    multi.add_set_data(&queued, b"revoke", None).unwrap();
+    multi.add_delete(&queued, None).unwrap();
+    multi.add_delete(held.lock_path(), None).unwrap();
+    multi.commit().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("granted").unwrap();
+    assert_ne!(guard.lock_path(), queued, "granted with a deleted node");
+    assert!(admin.check_stat(guard.lock_path()).await.unwrap().is_some(), "granted with a node that does not exist");
+    assert_eq!(guard.state(), LockState::Held);
+    drop(held);
+    guard.release().await.unwrap();
+    assert_no_nodes_left(&admin, &path).await;
+}
