@@ -31,7 +31,10 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 /// not inside a task). An owner that already holds the lock through this `InterProcessMutex`
 /// gets another [`LockGuard`] at once; the lock node is deleted when its last guard is released
 /// or dropped. Other tasks — and other `InterProcessMutex` values, even on the same
-/// `zookeeper_client::Client` — contend normally, like separate processes.
+/// `zookeeper_client::Client` — contend normally, like separate processes. Futures that one task
+/// polls concurrently (`join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`) share that
+/// task as owner: the second would re-enter the first's hold. Build such mutexes with
+/// [`reentrant(false)`](MutexBuilder::reentrant), where every acquire queues.
 ///
 /// **Cancel safety.** Every acquire method may be cancelled at any `.await` (dropped,
 /// `tokio::time::timeout`, `select!`): the lock node it may have created — even one whose create
@@ -70,7 +73,11 @@ pub struct InterProcessMutex {
 #[derive(Debug)]
 pub(crate) struct MutexInner {
     pub(crate) internals: LockInternals,
-    holds: Mutex<HashMap<Owner, HoldEntry>>,
+    /// The holds of this mutex by hold id (at most one granted at a time, plus lost ones whose
+    /// guards are still alive).
+    holds: Mutex<HashMap<u64, HoldEntry>>,
+    next_hold: std::sync::atomic::AtomicU64,
+    reentrant: bool,
     loss_policy: LossPolicy,
 }
 
@@ -94,6 +101,7 @@ impl Owner {
 /// about it (kept up to date by a monitor task that ends when the hold is released or lost).
 #[derive(Debug)]
 pub(crate) struct Hold {
+    id: u64,
     pub(crate) node: LockNode,
     pub(crate) owner: Owner,
     pub(crate) state: HoldState,
@@ -130,9 +138,22 @@ pub struct MutexBuilder {
     path: String,
     node_data: Vec<u8>,
     loss_policy: LossPolicy,
+    reentrant: bool,
 }
 
 impl MutexBuilder {
+    /// Whether an acquire by a task that already holds the lock through this mutex returns at
+    /// once with another guard (re-entry, the default, as Curator's `InterProcessMutex`), or
+    /// queues like any other acquire (as Curator's `InterProcessSemaphoreMutex`).
+    ///
+    /// Turn re-entry off when one task runs several acquiring futures concurrently — `join!`,
+    /// `select!`, `FuturesUnordered`, `StreamExt::for_each_concurrent`: they all have the same
+    /// owner (the task), so with re-entry the second would share the first's hold.
+    pub fn reentrant(mut self, reentrant: bool) -> MutexBuilder {
+        self.reentrant = reentrant;
+        self
+    }
+
     /// When a lost connection means a lost lock; see [`LossPolicy`]. The default is
     /// [`LossPolicy::Suspended`], Curator's standard: any disconnection loses the lock.
     pub fn loss_policy(mut self, policy: LossPolicy) -> MutexBuilder {
@@ -153,8 +174,15 @@ impl MutexBuilder {
     pub fn build(self) -> Result<InterProcessMutex> {
         validate_lock_path(&self.path)?;
         let internals = LockInternals::new(self.client, self.path, self.node_data);
-        let holds = Mutex::new(HashMap::new());
-        Ok(InterProcessMutex { inner: Arc::new(MutexInner { internals, holds, loss_policy: self.loss_policy }) })
+        Ok(InterProcessMutex {
+            inner: Arc::new(MutexInner {
+                internals,
+                holds: Mutex::new(HashMap::new()),
+                next_hold: std::sync::atomic::AtomicU64::new(0),
+                reentrant: self.reentrant,
+                loss_policy: self.loss_policy,
+            }),
+        })
     }
 }
 
@@ -178,7 +206,13 @@ impl InterProcessMutex {
     /// # }
     /// ```
     pub fn builder(client: zk::Client, path: impl Into<String>) -> MutexBuilder {
-        MutexBuilder { client, path: path.into(), node_data: Vec::new(), loss_policy: LossPolicy::default() }
+        MutexBuilder {
+            client,
+            path: path.into(),
+            node_data: Vec::new(),
+            loss_policy: LossPolicy::default(),
+            reentrant: true,
+        }
     }
 
     /// The lock path.
@@ -219,8 +253,10 @@ impl InterProcessMutex {
 
     async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
         let owner = Owner::current();
-        if let Some(guard) = self.reenter(owner)? {
-            return Ok(Some(guard));
+        if self.inner.reentrant {
+            if let Some(guard) = self.reenter(owner)? {
+                return Ok(Some(guard));
+            }
         }
         let span = info_span!("acquire", lock_path = %self.path(), sequence = field::Empty);
         let attempt = self.inner.internals.attempt(&MUTEX_DRIVER, wait).instrument(span);
@@ -231,7 +267,7 @@ impl InterProcessMutex {
         Ok(node.map(|grant| self.register(owner, grant)))
     }
 
-    fn holds(&self) -> MutexGuard<'_, HashMap<Owner, HoldEntry>> {
+    fn holds(&self) -> MutexGuard<'_, HashMap<u64, HoldEntry>> {
         // A panic while holding this std mutex cannot leave the map inconsistent (every update is
         // a single insert/remove/increment), so a poisoned lock is still usable.
         self.inner.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -239,7 +275,7 @@ impl InterProcessMutex {
 
     fn reenter(&self, owner: Owner) -> Result<Option<LockGuard>> {
         let mut holds = self.holds();
-        let Some(entry) = holds.get_mut(&owner) else {
+        let Some(entry) = holds.values_mut().find(|entry| entry.hold.owner == owner) else {
             return Ok(None);
         };
         if let LockState::Lost(reason) = *entry.hold.state.borrow() {
@@ -262,11 +298,9 @@ impl InterProcessMutex {
             released.clone(),
             own_watch,
         ));
-        let hold = Arc::new(Hold { node, owner, state, interest, released });
-        let mut holds = self.holds();
-        // Only one of an owner's acquires can be granted at a time (a second one queues behind
-        // the first), so there is no entry for this owner here.
-        holds.insert(owner, HoldEntry { hold: hold.clone(), guards: 1 });
+        let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let hold = Arc::new(Hold { id, node, owner, state, interest, released });
+        self.holds().insert(id, HoldEntry { hold: hold.clone(), guards: 1 });
         LockGuard::new(self.inner.clone(), hold)
     }
 
@@ -303,7 +337,8 @@ impl InterProcessMutex {
 
     /// Whether the current task (or thread, outside a task) holds the lock through this mutex.
     pub fn is_owned_by_current_task(&self) -> bool {
-        self.holds().contains_key(&Owner::current())
+        let owner = Owner::current();
+        self.holds().values().any(|entry| entry.hold.owner == owner)
     }
 }
 
@@ -311,10 +346,7 @@ impl MutexInner {
     /// Drops one guard of `hold`; returns the node to delete when it was the owner's last.
     pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Option<LockNode> {
         let mut holds = self.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let entry = holds.get_mut(&hold.owner)?;
-        if !Arc::ptr_eq(&entry.hold, hold) {
-            return None;
-        }
+        let entry = holds.get_mut(&hold.id)?;
         entry.guards -= 1;
         if entry.guards > 0 {
             return None;
@@ -322,6 +354,6 @@ impl MutexInner {
         // Released: what happens to the node from now on is no loss. (Notified before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
         hold.released.set();
-        holds.remove(&hold.owner).map(|entry| entry.hold.node.clone())
+        holds.remove(&hold.id).map(|entry| entry.hold.node.clone())
     }
 }

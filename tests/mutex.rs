@@ -415,3 +415,37 @@ async fn acl_denial_is_a_clear_error() {
     assert!(err.to_string().contains(&path), "{err}");
     assert!(children(&admin, &path).await.is_empty());
 }
+
+/// Futures polled concurrently by one task share the task as owner: with re-entry they share a
+/// hold (documented), with `reentrant(false)` they queue like any contenders.
+#[tokio::test]
+async fn reentrant_false_serialises_futures_of_one_task() {
+    async fn overlap(mutex: &InterProcessMutex) -> usize {
+        let (holders, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let (holders, most) = (&holders, &most);
+        // Staggered, so the later ones start while the first holds the lock.
+        let work = |delay: u64| async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let guard = mutex.acquire().await.unwrap();
+            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.unwrap();
+        };
+        tokio::join!(work(0), work(80), work(120));
+        most.load(Ordering::SeqCst)
+    }
+    let path = unique_path("non-reentrant");
+    let strict = InterProcessMutex::builder(client().await, &path).reentrant(false).build().unwrap();
+    assert_eq!(overlap(&strict).await, 1, "a non-re-entrant mutex let two futures of one task hold it");
+    let held = strict.acquire().await.unwrap();
+    assert!(strict.try_acquire().await.unwrap().is_none(), "no re-entry with reentrant(false)");
+    assert!(strict.is_owned_by_current_task());
+    held.release().await.unwrap();
+
+    let reentrant = InterProcessMutex::new(client().await, unique_path("reentrant-join")).unwrap();
+    let shared = overlap(&reentrant).await;
+    assert!(shared > 1, "with re-entry, futures of one task share the hold (most at once: {shared})");
+    assert_no_nodes_left(&client().await, &path).await;
+}
