@@ -449,3 +449,25 @@ async fn reentrant_false_serialises_futures_of_one_task() {
     assert!(shared > 1, "with re-entry, futures of one task share the hold (most at once: {shared})");
     assert_no_nodes_left(&client().await, &path).await;
 }
+
+/// Lock paths are relative to the client's chroot, and clients with and without the chroot see
+/// the same lock.
+#[tokio::test]
+async fn chrooted_clients_share_the_lock_with_absolute_ones() {
+    let root = unique_path("chroot");
+    let admin = client().await;
+    admin.mkdir(&root, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let chrooted = client().await.chroot(root.as_str()).unwrap();
+    let inner = InterProcessMutex::new(chrooted, "/locks/a").unwrap();
+    let outer = InterProcessMutex::new(client().await, format!("{root}/locks/a")).unwrap();
+    let guard = inner.acquire().await.unwrap();
+    assert!(guard.lock_path().starts_with("/locks/a/_c_"), "{}", guard.lock_path());
+    assert!(admin.check_stat(&format!("{root}{}", guard.lock_path())).await.unwrap().is_some());
+    assert!(outer.try_acquire().await.unwrap().is_none());
+    let waiter = tokio::spawn(async move { outer.acquire().await.unwrap().release().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished());
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
+    assert_no_nodes_left(&admin, &format!("{root}/locks/a")).await;
+}
