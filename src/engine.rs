@@ -292,22 +292,36 @@ impl LockInternals {
             let predecessor = match view.decide(driver, &ours) {
                 None => return Ok(Turn::NodeGone),
                 Some(Decision::Acquired) => {
-                    if own_watch_trusted && own_watch.is_armed() {
-                        node.view = Some(view);
-                        return Ok(Turn::Acquired(Some(own_watch)));
+                    // Take in any event already delivered for our own node (one poll, no wait).
+                    tokio::select! {
+                        biased;
+                        event = &mut own_watch => match event {
+                            Watched::Deleted => {
+                                view.deleted(&ours);
+                                return Ok(Turn::NodeGone);
+                            },
+                            Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
+                            Watched::Other => {
+                                own_watch_trusted = false;
+                                own_watch = self.watch(&node.path);
+                            },
+                        },
+                        _ = std::future::ready(()) => {},
                     }
-                    return match retry_unknown(|| self.client().check_stat(&node.path)).await {
-                        Ok(Some(_)) => {
-                            node.view = Some(view);
-                            Ok(Turn::Acquired(own_watch.is_armed().then_some(own_watch)))
-                        },
-                        Ok(None) => {
-                            view.deleted(&ours);
-                            Ok(Turn::NodeGone)
-                        },
-                        Err(err) if session_dead(&err) => Err(self.session_lost(err.to_string())),
-                        Err(err) => Err(Error::zk("check lock node", &node.path, err)),
-                    };
+                    if !(own_watch_trusted && own_watch.is_armed()) {
+                        match retry_unknown(|| self.client().check_stat(&node.path)).await {
+                            Ok(Some(_)) => {},
+                            Ok(None) => {
+                                view.deleted(&ours);
+                                return Ok(Turn::NodeGone);
+                            },
+                            Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
+                            Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
+                        }
+                    }
+                    node.view = Some(view);
+                    // Handed to the hold, which keeps watching our node with it.
+                    return Ok(Turn::Acquired(Some(own_watch)));
                 },
                 Some(Decision::WaitFor(predecessor)) => predecessor,
             };

@@ -275,12 +275,18 @@ impl InterProcessMutex {
 
     fn reenter(&self, owner: Owner) -> Result<Option<LockGuard>> {
         let mut holds = self.holds();
-        let Some(entry) = holds.values_mut().find(|entry| entry.hold.owner == owner) else {
-            return Ok(None);
+        let lost = |entry: &HoldEntry| match *entry.hold.state.borrow() {
+            LockState::Lost(reason) => Some(reason),
+            _ => None,
         };
-        if let LockState::Lost(reason) = *entry.hold.state.borrow() {
-            return Err(Error::LockLost { path: self.path().to_owned(), reason });
-        }
+        // The owner's live hold, if any; else tell about a lost one.
+        let mut mine = holds.values_mut().filter(|entry| entry.hold.owner == owner);
+        let Some(entry) = mine.find(|entry| lost(entry).is_none()) else {
+            return match holds.values().filter(|entry| entry.hold.owner == owner).find_map(lost) {
+                Some(reason) => Err(Error::LockLost { path: self.path().to_owned(), reason }),
+                None => Ok(None),
+            };
+        };
         entry.guards += 1;
         Ok(Some(LockGuard::new(self.inner.clone(), entry.hold.clone())))
     }

@@ -253,6 +253,10 @@ pub(crate) async fn monitor_hold(
             },
         }
     };
+    if released.is_set() {
+        // Released while the loss was being noticed: the deletion was our own.
+        return;
+    }
     declare_lost(&state, &path, lost);
     if matches!(lost, LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed) {
         // We told the holder it lost the lock; if the same session comes back, nobody must wait

@@ -23,6 +23,12 @@
 //! view larger than the truth, which is safe; a waiter that watches one gets `NoNode` and
 //! removes it, so each stale entry costs one read, once per process.
 //!
+//! One caveat: the view is shared by the sessions of a process, which may be connected to
+//! different servers of an ensemble. A deletion recorded by one session is a fact, but another
+//! session's server may not have applied it yet — nor an earlier deletion of that session's own
+//! node by an operator. Such a waiter can then be granted with a node already deleted; its hold
+//! reports `Lost(NodeDeleted)` as soon as its server catches up (README, "Limits").
+//!
 //! Views are keyed by the directory's path, creation zxid and creation time (from the stat of
 //! the listing), so a directory that was deleted and re-created, or the same path on another
 //! ensemble, never shares a view.
