@@ -295,16 +295,12 @@ impl LockInternals {
                     // Take in any event already delivered for our own node (one poll, no wait).
                     tokio::select! {
                         biased;
-                        event = &mut own_watch => match event {
-                            Watched::Deleted => {
-                                view.deleted(&ours);
-                                return Ok(Turn::NodeGone);
-                            },
-                            Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
-                            Watched::Other => {
-                                own_watch_trusted = false;
-                                own_watch = self.watch(&node.path);
-                            },
+                        event = &mut own_watch => {
+                            if let Some(end) = self.own_node_event(event, &view, &ours) {
+                                return end;
+                            }
+                            own_watch_trusted = false;
+                            own_watch = self.watch(&node.path);
                         },
                         _ = std::future::ready(()) => {},
                     }
@@ -331,16 +327,12 @@ impl LockInternals {
             loop {
                 tokio::select! {
                     biased;
-                    event = &mut own_watch => match event {
-                        Watched::Deleted => {
-                            view.deleted(&ours);
-                            return Ok(Turn::NodeGone);
-                        },
-                        Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
-                        Watched::Other => {
-                            own_watch_trusted = false;
-                            own_watch = self.watch(&node.path);
-                        },
+                    event = &mut own_watch => {
+                        if let Some(end) = self.own_node_event(event, &view, &ours) {
+                            return end;
+                        }
+                        own_watch_trusted = false;
+                        own_watch = self.watch(&node.path);
                     },
                     _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
@@ -353,6 +345,20 @@ impl LockInternals {
                     },
                 }
             }
+        }
+    }
+
+    /// What an event on our own node means for a waiter: `Some` ends the wait (our node is gone,
+    /// or the session); `None` means watch again (the watch can no longer be trusted to show a
+    /// deletion before our predecessor's).
+    fn own_node_event(&self, event: Watched, view: &DirView, ours: &LockChild) -> Option<Result<Turn>> {
+        match event {
+            Watched::Deleted => {
+                view.deleted(ours);
+                Some(Ok(Turn::NodeGone))
+            },
+            Watched::SessionDead(state) => Some(Err(self.session_lost(state.to_string()))),
+            Watched::Other => None,
         }
     }
 
