@@ -296,11 +296,9 @@ impl LockInternals {
                     tokio::select! {
                         biased;
                         event = &mut own_watch => {
-                            if let Some(end) = self.own_node_event(event, &view, &ours) {
+                            if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
                                 return end;
                             }
-                            own_watch_trusted = false;
-                            own_watch = self.watch(&node.path);
                         },
                         _ = std::future::ready(()) => {},
                     }
@@ -328,11 +326,9 @@ impl LockInternals {
                 tokio::select! {
                     biased;
                     event = &mut own_watch => {
-                        if let Some(end) = self.own_node_event(event, &view, &ours) {
+                        if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
                             return end;
                         }
-                        own_watch_trusted = false;
-                        own_watch = self.watch(&node.path);
                     },
                     _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
@@ -349,16 +345,27 @@ impl LockInternals {
     }
 
     /// What an event on our own node means for a waiter: `Some` ends the wait (our node is gone,
-    /// or the session); `None` means watch again (the watch can no longer be trusted to show a
-    /// deletion before our predecessor's).
-    fn own_node_event(&self, event: Watched, view: &DirView, ours: &LockChild) -> Option<Result<Turn>> {
+    /// or the session). Otherwise (its data changed) the watch is set again, and can no longer be
+    /// trusted to show a deletion before our predecessor's.
+    fn own_node_event(
+        &self,
+        event: Watched,
+        view: &DirView,
+        ours: &LockChild,
+        own_watch: &mut NodeWatch,
+        trusted: &mut bool,
+    ) -> Option<Result<Turn>> {
         match event {
             Watched::Deleted => {
                 view.deleted(ours);
                 Some(Ok(Turn::NodeGone))
             },
             Watched::SessionDead(state) => Some(Err(self.session_lost(state.to_string()))),
-            Watched::Other => None,
+            Watched::Other => {
+                *trusted = false;
+                *own_watch = self.watch(&format!("{}/{}", self.dir, ours.name));
+                None
+            },
         }
     }
 
