@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
 use crate::engine::LockNode;
-use crate::error::{outcome_unknown, session_dead, Error, Result};
+use crate::error::{session_dead, transient, Error, Result};
 use crate::naming::LockChild;
 use crate::view::DirView;
 
@@ -57,10 +57,6 @@ impl Cleanup {
             let _ = runtime.set(handle);
         }
         Cleanup { client, runtime }
-    }
-
-    pub(crate) fn client(&self) -> &zk::Client {
-        &self.client
     }
 
     /// Remembers the current runtime, so a guard dropped outside of it can still clean up.
@@ -150,12 +146,12 @@ async fn delete_until_gone(
                 warn!(?target, %err, "client unusable; the lock node goes away when its session times out");
                 return Err(Error::zk("delete", target.path(), err));
             },
-            Err(err) if outcome_unknown(&err) => {
+            Err(err) if transient(&err) => {
                 debug!(?target, %err, "retrying lock node deletion");
                 backoff.wait().await;
             },
             Err(err) => {
-                warn!(?target, %err, "cannot delete lock node; it goes away when the session ends");
+                error!(lock_node = target.path(), %err, "cannot delete lock node; it goes away when its session ends");
                 return Err(Error::zk("delete", target.path(), err));
             },
         }
@@ -202,8 +198,9 @@ pub(crate) async fn find_protected(
     Ok(None)
 }
 
-/// Retries `op` while its outcome is unknown (connection lost or stalled); the client queues
-/// requests while disconnected, so each retry waits for the connection to come back.
+/// Retries `op` while its outcome is unknown (connection lost or stalled) or the server throttled
+/// it; the client queues requests while disconnected, so each retry waits for the connection to
+/// come back.
 pub(crate) async fn retry_unknown<T, F, Fut>(mut op: F) -> std::result::Result<T, zk::Error>
 where
     F: FnMut() -> Fut,
@@ -212,7 +209,7 @@ where
     let mut backoff = Backoff::new();
     loop {
         match op().await {
-            Err(err) if outcome_unknown(&err) => backoff.wait().await,
+            Err(err) if transient(&err) => backoff.wait().await,
             result => return result,
         }
     }
@@ -264,6 +261,12 @@ impl PendingNode {
 
     /// The acquire succeeded: the held lock owns the node now.
     pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Every create of this acquire was refused by the server (no outcome was ever unknown):
+    /// there is no node to delete.
+    pub(crate) fn never_created(&mut self) {
         self.armed = false;
     }
 

@@ -30,19 +30,30 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use tokio::time::Instant;
 use tracing::{debug, warn, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode};
 use crate::driver::{Decision, LockDriver};
-use crate::error::{outcome_unknown, session_dead, Error, Result};
+use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
 use crate::listing::{self, Listing};
 use crate::naming::{self, LockChild};
+use crate::session::Session;
 use crate::view::DirView;
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
+
+/// How many creates in a row may end with an unknown outcome (the connection dropped before the
+/// reply) before the acquire fails. A request the server cannot take (over its size limit) drops
+/// the connection every time, and with it every other hold of the session: retrying forever would
+/// harm them all.
+const MAX_UNKNOWN_CREATES: usize = 4;
+
+/// How many times a watch refused by the server (`NoAuth`, ...) is retried before giving up.
+const MAX_WATCH_REFUSALS: usize = 3;
 
 /// Our lock node, once held.
 #[derive(Clone, Debug)]
@@ -80,38 +91,44 @@ enum Turn {
     NodeGone,
 }
 
-/// The engine: a lock directory on one client, with its cleanup.
+/// The engine: a lock directory on one client's session.
 #[derive(Debug)]
 pub(crate) struct LockInternals {
-    cleanup: Cleanup,
+    session: Session,
     dir: String,
     node_data: Vec<u8>,
 }
 
 impl LockInternals {
-    pub(crate) fn new(client: zk::Client, dir: String, node_data: Vec<u8>) -> LockInternals {
-        LockInternals { cleanup: Cleanup::new(client), dir, node_data }
+    pub(crate) fn new(client: &zk::Client, dir: String, node_data: Vec<u8>) -> LockInternals {
+        LockInternals { session: Session::of(client), dir, node_data }
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
-        self.cleanup.client()
+        self.session.client()
     }
 
     pub(crate) fn dir(&self) -> &str {
         &self.dir
     }
 
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
     pub(crate) fn cleanup(&self) -> &Cleanup {
-        &self.cleanup
+        self.session.cleanup()
     }
 
     /// One acquire attempt. `Ok(None)` only with [`Wait::No`] when the lock is taken.
     ///
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
-        self.cleanup.remember_runtime();
+        // The session monitor heartbeats while we wait, so a grant from the view has fresh
+        // evidence that the session is alive (see `session.rs`).
+        let _ticket = self.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
-        let mut pending = PendingNode::new(self.cleanup.clone(), &self.dir, protection.clone());
+        let mut pending = PendingNode::new(self.cleanup().clone(), &self.dir, protection.clone());
         let prefix = format!("{}/{}{}", self.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
@@ -151,6 +168,8 @@ impl LockInternals {
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let mut backoff = Backoff::new();
         let mut outcome_was_unknown = false;
+        let mut unknown_in_a_row = 0;
+        let mut ever_unknown = false;
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
@@ -163,7 +182,7 @@ impl LockInternals {
                         return Ok((node, None));
                     },
                     Ok(None) => outcome_was_unknown = false,
-                    Err(err) if outcome_unknown(&err) => {
+                    Err(err) if transient(&err) => {
                         backoff.wait().await;
                         continue;
                     },
@@ -172,10 +191,14 @@ impl LockInternals {
             }
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
+            let sent = Instant::now();
             let create = client.create(prefix, &self.node_data, &options);
             let listing = listing::after_sent_requests(client, &self.dir, lock_name);
             match create.await {
                 Ok((stat, sequence)) => {
+                    // A write is answered only once the leader committed it: evidence for the
+                    // session's loss deadline, so a hold granted now needs no heartbeat first.
+                    self.session.leader_answered(sent);
                     let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
@@ -189,10 +212,26 @@ impl LockInternals {
                 },
                 Err(err) if outcome_unknown(&err) => {
                     debug!(%err, "lock node create outcome unknown");
+                    unknown_in_a_row += 1;
+                    if unknown_in_a_row >= MAX_UNKNOWN_CREATES {
+                        return Err(Error::zk(
+                            "create a lock node (the connection dropped before every reply; a request the server refuses to read does that)",
+                            &self.dir,
+                            err,
+                        ));
+                    }
                     outcome_was_unknown = true;
+                    ever_unknown = true;
                     backoff.wait().await;
                 },
-                Err(err) => return Err(Error::zk("create lock node in", &self.dir, err)),
+                Err(zk::Error::Throttled) => backoff.wait().await,
+                Err(err) => {
+                    if !ever_unknown {
+                        // Refused: no node exists that cleanup would have to look for.
+                        pending.never_created();
+                    }
+                    return Err(Error::zk("create lock node in", &self.dir, err));
+                },
             }
         }
     }
@@ -335,6 +374,7 @@ impl LockInternals {
                         match event {
                             Watched::Deleted => view.deleted(&predecessor),
                             Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
+                            Watched::Refused(err) => return Err(Error::zk("watch the lock node", &predecessor_path, err)),
                             Watched::Other => {},
                         }
                         break;
@@ -361,6 +401,9 @@ impl LockInternals {
                 Some(Ok(Turn::NodeGone))
             },
             Watched::SessionDead(state) => Some(Err(self.session_lost(state.to_string()))),
+            Watched::Refused(err) => {
+                Some(Err(Error::zk("watch the lock node", &format!("{}/{}", self.dir, ours.name), err)))
+            },
             Watched::Other => {
                 *trusted = false;
                 *own_watch = self.watch(&format!("{}/{}", self.dir, ours.name));
@@ -411,6 +454,7 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
     let set = armed.clone();
     let fired = Box::pin(async move {
         let mut backoff = Backoff::new();
+        let mut refusals = 0;
         loop {
             match client.get_and_watch_data(&path).await {
                 Ok((_, _, watcher)) => {
@@ -425,9 +469,13 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
                     };
                 },
                 Err(zk::Error::NoNode) => return Watched::Deleted,
-                Err(err) if outcome_unknown(&err) => backoff.wait().await,
+                Err(err) if transient(&err) => backoff.wait().await,
                 Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
                 Err(err) => {
+                    refusals += 1;
+                    if refusals >= MAX_WATCH_REFUSALS {
+                        return Watched::Refused(err);
+                    }
                     warn!(path, %err, "cannot watch lock node; retrying");
                     backoff.wait().await;
                 },
@@ -445,4 +493,6 @@ pub(crate) enum Watched {
     SessionDead(zk::SessionState),
     /// Something else changed (data); watch again if still interested.
     Other,
+    /// The server refused the watch repeatedly (`NoAuth`, ...).
+    Refused(zk::Error),
 }

@@ -75,6 +75,25 @@ pub enum Error {
         path: String,
     },
 
+    /// A request would exceed the server's request size limit (`jute.maxbuffer`, 1 MiB by
+    /// default), which makes the server drop the connection rather than answer.
+    #[error("{what} of {size} bytes makes a request over the server's limit of {limit} bytes (jute.maxbuffer); store less, or set MutexBuilder::max_request_bytes to the server's real limit")]
+    TooLarge {
+        /// What is too large (`"node data"`, `"lock path"`).
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The request size limit in force.
+        limit: usize,
+    },
+
+    /// The current async runtime cannot run the lock's session monitor.
+    #[error("cannot run zk-recipes here: {reason}")]
+    Runtime {
+        /// What is missing.
+        reason: &'static str,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {
@@ -108,6 +127,12 @@ impl Error {
 /// `zookeeper-client` 0.11 reports a stalled connection as `Error::Custom("no response ...")`.
 pub(crate) fn outcome_unknown(err: &zk::Error) -> bool {
     matches!(err, zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
+}
+
+/// Whether a request that failed with `err` may simply be sent again: its outcome is unknown, or
+/// the server refused it for load (`Throttled`, not applied).
+pub(crate) fn transient(err: &zk::Error) -> bool {
+    outcome_unknown(err) || matches!(err, zk::Error::Throttled)
 }
 
 /// Whether `err` means the session is dead for good (its ephemeral nodes are or will be gone).

@@ -25,6 +25,15 @@ pub enum FencedWriteError {
         #[source]
         source: zk::Error,
     },
+    /// Nothing was written: the server refused the transaction for lack of rights (ACLs) on
+    /// the operation at `index` (counting the operations you added, from 0), or on our lock
+    /// node's check when `index` is `None`. The lock is still held; check the client's auth and
+    /// the ACLs of the paths written.
+    #[error("fenced write refused by ACLs (operation {index:?}); nothing was written, the lock is still held")]
+    NoAuth {
+        /// Index of the refused operation among those added; `None` for the lock check itself.
+        index: Option<usize>,
+    },
     /// The request failed without a verdict from the server (e.g. the connection was lost before
     /// the reply): the transaction may or may not have been applied. Read back before retrying.
     #[error("fenced write outcome unknown: {source}")]
@@ -110,9 +119,18 @@ impl<'a> FencedWriter<'a> {
                 }
                 Ok(results)
             },
+            Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoAuth }) => {
+                Err(FencedWriteError::NoAuth { index: None })
+            },
             Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => Err(FencedWriteError::LockLost),
+            Err(zk::MultiWriteError::OperationFailed { index, source: zk::Error::NoAuth }) => {
+                Err(FencedWriteError::NoAuth { index: Some(index - 1) })
+            },
             Err(zk::MultiWriteError::OperationFailed { index, source }) => {
                 Err(FencedWriteError::OperationFailed { index: index - 1, source })
+            },
+            Err(zk::MultiWriteError::RequestFailed { source: zk::Error::NoAuth }) => {
+                Err(FencedWriteError::NoAuth { index: None })
             },
             Err(zk::MultiWriteError::RequestFailed { source }) if session_dead(&source) => {
                 Err(FencedWriteError::LockLost)

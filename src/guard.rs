@@ -39,13 +39,15 @@ impl fmt::Display for FencingToken {
 ///
 /// Call [`release`](Self::release) to release and learn whether the lock node was deleted;
 /// dropping the guard releases in the background (the node is deleted by a task that retries
-/// until it is gone or the session is dead). With re-entrant acquires, the node is deleted when
-/// the owner's last guard goes. A guard may be moved to and released from any task.
+/// until it is gone or the session is dead). With re-entrant acquires (inside
+/// [`InterProcessMutex::with_lock`](crate::InterProcessMutex::with_lock)), the node is deleted
+/// when the hold's last guard goes. A guard may be moved to and released from any task: the lock
+/// stays held until then, and every acquire outside a lock scope queues behind it.
 #[must_use = "dropping the guard releases the lock"]
 #[derive(Debug)]
 pub struct LockGuard {
     mutex: Arc<MutexInner>,
-    hold: Arc<Hold>,
+    pub(crate) hold: Arc<Hold>,
     released: bool,
 }
 
@@ -74,8 +76,8 @@ impl LockGuard {
     /// [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline)) or `Lost(reason)`.
     /// `Lost` is final.
     pub fn state(&self) -> LockState {
-        self.hold.interest.notify_one();
-        *self.hold.state.borrow()
+        self.mutex.internals.session().interest(&self.hold.feed);
+        self.hold.state()
     }
 
     /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
@@ -94,14 +96,14 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) -> LossReason {
-        self.hold.interest.notify_one();
-        let mut state = self.hold.state.subscribe();
+        self.mutex.internals.session().interest(&self.hold.feed);
+        let mut state = self.hold.feed.subscribe();
         let reason = match state.wait_for(|state| matches!(state, LockState::Lost(_))).await {
             Ok(state) => match *state {
                 LockState::Lost(reason) => Some(reason),
                 _ => None,
             },
-            // Cannot happen: the sender lives in the hold this guard keeps alive.
+            // Cannot happen: the sender lives in the hold feed this guard keeps alive.
             Err(_) => None,
         };
         match reason {
@@ -113,11 +115,11 @@ impl LockGuard {
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
     /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
-        self.hold.interest.notify_one();
+        self.mutex.internals.session().interest(&self.hold.feed);
         FencedWriter::new(self, self.mutex.internals.client())
     }
 
-    /// Releases this guard. If it was the owner's last guard, deletes the lock node and waits
+    /// Releases this guard. If it was the hold's last guard, deletes the lock node and waits
     /// until ZooKeeper confirms (retrying across connection loss); if the session died first,
     /// the server has removed or will remove the node and this returns `Ok`.
     ///

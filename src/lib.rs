@@ -42,13 +42,14 @@ mod listing;
 mod mutex;
 mod naming;
 mod path;
+mod session;
 mod state;
 mod view;
 
 pub use error::{Error, Result};
 pub use fenced::{FencedWriteError, FencedWriter};
 pub use guard::{FencingToken, LockGuard};
-pub use mutex::{InterProcessMutex, MutexBuilder, Participant};
+pub use mutex::{InterProcessMutex, MutexBuilder, Participant, DEFAULT_MAX_REQUEST_BYTES};
 pub use state::{LockState, LossPolicy, LossReason};
 
 /// The README's examples, compiled as doc-tests.

@@ -2,7 +2,8 @@
 //! (Curator's `InterProcessMutex`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tracing::{field, info_span, Instrument};
@@ -15,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::naming::MUTEX_LOCK_NAME;
 use crate::path::validate_lock_path;
-use crate::state::{monitor_hold, HoldState, LockState, LossPolicy, Released};
+use crate::session::HoldFeed;
+use crate::state::{LockState, LossPolicy};
 
 const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
 
@@ -27,25 +29,29 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 /// their immediate predecessor, so a release wakes exactly one waiter. Grants are first come,
 /// first served.
 ///
-/// **Re-entrancy.** The owner of a hold is the current tokio task (or the current thread when
-/// not inside a task). An owner that already holds the lock through this `InterProcessMutex`
-/// gets another [`LockGuard`] at once; the lock node is deleted when its last guard is released
-/// or dropped. Other tasks — and other `InterProcessMutex` values, even on the same
-/// `zookeeper_client::Client` — contend normally, like separate processes. Futures that one task
-/// polls concurrently (`join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`) share that
-/// task as owner: the second would re-enter the first's hold. Build such mutexes with
-/// [`reentrant(false)`](MutexBuilder::reentrant), where every acquire queues.
+/// **Re-entrancy is scoped to a critical section.** [`with_lock`](Self::with_lock) acquires the
+/// lock and runs a future inside a *lock scope*: any acquire of this mutex made inside that future
+/// (directly or in functions it calls, also in futures it polls with `join!` or `select!`)
+/// re-enters at once with another [`LockGuard`] of the same hold, counted like Curator's
+/// re-entrant acquires; the lock node is deleted when the last guard of the hold is released.
+/// Outside a lock scope every acquire queues — also one made by the task that just acquired and
+/// handed its guard to another task, one of several futures a task polls at once, and one in a
+/// task spawned inside a critical section (`tokio::spawn` does not carry the scope): each waits
+/// like another process would. So no usage lets two holders overlap; the price is that an acquire
+/// of a lock already held outside a scope by the same task waits for itself (as a
+/// `std::sync::Mutex` would) — use `acquire_timeout` or `with_lock` where that can happen.
 ///
 /// **Cancel safety.** Every acquire method may be cancelled at any `.await` (dropped,
 /// `tokio::time::timeout`, `select!`): the lock node it may have created — even one whose create
 /// reply never arrived — is deleted by a background task that retries until the node is gone or
 /// the session is dead.
 ///
-/// **Sessions.** A lock is only as good as the ZooKeeper session that holds it. If the session
-/// expires, the `Client` is dead for good: acquires fail with [`Error::SessionLost`], and a new
-/// `Client` (and `InterProcessMutex`) is needed.
+/// **Sessions.** A lock is only as good as the ZooKeeper session that holds it. One monitor per
+/// session tells every hold when the session is lost, stalled or past its loss deadline (see
+/// [`LossPolicy`]). If the session expires, the `Client` is dead for good: acquires fail with
+/// [`Error::SessionLost`], and a new `Client` (and `InterProcessMutex`) is needed.
 ///
-/// `InterProcessMutex` is cheap to clone (clones share re-entrancy state) and is
+/// `InterProcessMutex` is cheap to clone (clones are the same mutex) and is
 /// `Send + Sync + 'static`.
 ///
 /// ```no_run
@@ -62,6 +68,13 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 ///     // ... critical section ...
 ///     drop(guard); // released in the background
 /// }
+///
+/// // A critical section with re-entry: nested acquires of `mutex` inside re-enter at once.
+/// let total = mutex.with_lock(|guard| async move {
+///     let again = mutex.acquire().await?; // re-enters: same hold, same fencing token
+///     assert_eq!(again.fencing_token(), guard.fencing_token());
+///     Ok::<_, zk_recipes::Error>(42)
+/// }).await??;
 /// # Ok(())
 /// # }
 /// ```
@@ -73,42 +86,31 @@ pub struct InterProcessMutex {
 #[derive(Debug)]
 pub(crate) struct MutexInner {
     pub(crate) internals: LockInternals,
-    /// The holds of this mutex by hold id (at most one granted at a time, plus lost ones whose
-    /// guards are still alive).
+    /// The holds of this mutex by hold id, with their guard counts (at most one granted at a time,
+    /// plus lost ones whose guards are still alive).
     holds: Mutex<HashMap<u64, HoldEntry>>,
     next_hold: std::sync::atomic::AtomicU64,
-    reentrant: bool,
     loss_policy: LossPolicy,
 }
 
-/// Who holds a re-entrant lock: a tokio task, or a thread outside any task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Owner {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
+tokio::task_local! {
+    /// The lock scopes the current future runs in (innermost last): which mutex, which hold.
+    static LOCK_SCOPES: Vec<(Weak<MutexInner>, Arc<Hold>)>;
 }
 
-impl Owner {
-    pub(crate) fn current() -> Owner {
-        match tokio::task::try_id() {
-            Some(id) => Owner::Task(id),
-            None => Owner::Thread(std::thread::current().id()),
-        }
-    }
-}
-
-/// One owner's hold of the lock: our node, shared by all of the owner's guards, and what is known
-/// about it (kept up to date by a monitor task that ends when the hold is released or lost).
+/// One hold of the lock: our node, shared by all of its guards, and what the session monitor
+/// tells about it.
 #[derive(Debug)]
 pub(crate) struct Hold {
     id: u64,
     pub(crate) node: LockNode,
-    pub(crate) owner: Owner,
-    pub(crate) state: HoldState,
-    /// Notified when the holder first looks at the state (see `state::monitor_hold`).
-    pub(crate) interest: Arc<tokio::sync::Notify>,
-    /// Notified when the owner's last guard is released.
-    released: Arc<Released>,
+    pub(crate) feed: Arc<HoldFeed>,
+}
+
+impl Hold {
+    pub(crate) fn state(&self) -> LockState {
+        self.feed.state()
+    }
 }
 
 #[derive(Debug)]
@@ -138,19 +140,26 @@ pub struct MutexBuilder {
     path: String,
     node_data: Vec<u8>,
     loss_policy: LossPolicy,
-    reentrant: bool,
+    max_request_bytes: usize,
 }
 
+/// ZooKeeper's default request size limit (`jute.maxbuffer`, `0xfffff`).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 0xfffff;
+
+/// What a create request carries besides the node's path and data: headers, the ACL, the mode
+/// (about 60 bytes), with room to spare.
+const CREATE_OVERHEAD: usize = 256;
+
+/// The node name the server gives a lock node: `_c_<36-char uuid>-lock-<10 digits>`.
+const LOCK_NODE_NAME_LEN: usize = 3 + 36 + 1 + MUTEX_LOCK_NAME.len() + 10;
+
 impl MutexBuilder {
-    /// Whether an acquire by a task that already holds the lock through this mutex returns at
-    /// once with another guard (re-entry, the default, as Curator's `InterProcessMutex`), or
-    /// queues like any other acquire (as Curator's `InterProcessSemaphoreMutex`).
-    ///
-    /// Turn re-entry off when one task runs several acquiring futures concurrently — `join!`,
-    /// `select!`, `FuturesUnordered`, `StreamExt::for_each_concurrent`: they all have the same
-    /// owner (the task), so with re-entry the second would share the first's hold.
-    pub fn reentrant(mut self, reentrant: bool) -> MutexBuilder {
-        self.reentrant = reentrant;
+    /// The largest request the server accepts, in bytes: its `jute.maxbuffer` (default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`], 1 MiB − 1). [`build`](Self::build) refuses node data and
+    /// lock paths whose create request would exceed it: the server answers such a request by
+    /// dropping the connection, which would cost every other hold of the session its lock.
+    pub fn max_request_bytes(mut self, limit: usize) -> MutexBuilder {
+        self.max_request_bytes = limit;
         self
     }
 
@@ -169,17 +178,29 @@ impl MutexBuilder {
         self
     }
 
-    /// Validates the path and builds the mutex. Nothing is sent to ZooKeeper until the first
-    /// acquire.
+    /// Validates the path and the sizes and builds the mutex. Nothing is sent to ZooKeeper until
+    /// the first acquire.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] for a path ZooKeeper would refuse, [`Error::TooLarge`] when a lock
+    /// node's create request (path + data) would exceed
+    /// [`max_request_bytes`](Self::max_request_bytes).
     pub fn build(self) -> Result<InterProcessMutex> {
         validate_lock_path(&self.path)?;
-        let internals = LockInternals::new(self.client, self.path, self.node_data);
+        let limit = self.max_request_bytes;
+        let path_size = self.path.len() + 1 + LOCK_NODE_NAME_LEN + CREATE_OVERHEAD;
+        if path_size > limit {
+            return Err(Error::TooLarge { what: "lock path", size: self.path.len(), limit });
+        }
+        if path_size + self.node_data.len() > limit {
+            return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
+        }
+        let internals = LockInternals::new(&self.client, self.path, self.node_data);
         Ok(InterProcessMutex {
             inner: Arc::new(MutexInner {
                 internals,
                 holds: Mutex::new(HashMap::new()),
                 next_hold: std::sync::atomic::AtomicU64::new(0),
-                reentrant: self.reentrant,
                 loss_policy: self.loss_policy,
             }),
         })
@@ -189,8 +210,11 @@ impl MutexBuilder {
 impl InterProcessMutex {
     /// A mutex on the lock path `path` (absolute, relative to the client's chroot if any).
     ///
-    /// Fails with [`Error::InvalidPath`] if `path` is not a valid ZooKeeper path. Missing parents
-    /// are created as container nodes on the first acquire.
+    /// Missing parents are created as container nodes on the first acquire.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] if `path` is not a valid ZooKeeper path, [`Error::TooLarge`] if it
+    /// is too long for the server (see [`MutexBuilder::build`]).
     pub fn new(client: zk::Client, path: impl Into<String>) -> Result<InterProcessMutex> {
         Self::builder(client, path).build()
     }
@@ -211,7 +235,7 @@ impl InterProcessMutex {
             path: path.into(),
             node_data: Vec::new(),
             loss_policy: LossPolicy::default(),
-            reentrant: true,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 
@@ -222,10 +246,16 @@ impl InterProcessMutex {
 
     /// Waits until the lock is held and returns a guard for it.
     ///
-    /// Returns at once with another guard if the current task already holds the lock through
-    /// this mutex (re-entry). Keeps waiting across disconnections; fails if the session expires.
+    /// Inside a [`with_lock`](Self::with_lock) scope of this mutex, returns at once with another
+    /// guard of the scope's hold (re-entry). Keeps waiting across disconnections.
     ///
     /// Cancel safe: if the future is dropped, no lock node is left behind.
+    ///
+    /// # Errors
+    /// [`Error::SessionLost`] if the session expires (or the client is closed),
+    /// [`Error::LockLost`] on re-entry into a scope whose hold was lost, [`Error::NoAuth`] when
+    /// ACLs refuse us, [`Error::Runtime`] on a tokio runtime without timers, and
+    /// [`Error::ZooKeeper`] for other failures.
     pub async fn acquire(&self) -> Result<LockGuard> {
         loop {
             if let Some(guard) = self.acquire_with(Wait::Forever, None).await? {
@@ -236,9 +266,12 @@ impl InterProcessMutex {
 
     /// Takes the lock if it is free right now; `Ok(None)` if another holder or an earlier waiter
     /// is ahead of us. Never waits for a holder (it does talk to ZooKeeper: a create, a listing
-    /// and, when the lock is taken, a delete).
+    /// and, when the lock is taken, a delete). Re-enters inside a lock scope, like `acquire`.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.acquire_with(Wait::No, None).await
     }
@@ -247,14 +280,45 @@ impl InterProcessMutex {
     /// node is then deleted in the background.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.acquire_with(Wait::Forever, Some(timeout)).await
     }
 
+    /// Acquires the lock, runs `critical_section` inside a lock scope, and releases the lock when
+    /// it completes (or is cancelled). `critical_section` gets a guard of the hold (for its
+    /// fencing token, `lost()`, `fenced_writer()`); any acquire of this mutex made while it runs —
+    /// in it or in anything it awaits — re-enters the same hold at once (re-entry counts, as in
+    /// Curator). Tasks it spawns are outside the scope and queue like anyone else.
+    ///
+    /// The lock node is deleted once the last guard of the hold is gone: guards moved out of the
+    /// scope keep the lock held. The release is sent before this returns (and completes in the
+    /// background), so a later acquire on the same client queues behind it.
+    ///
+    /// Cancel safe: dropping the future releases the lock in the background.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); once the lock is held, the output of `critical_section` is
+    /// returned whatever happens to the lock — watch `guard.lost()` inside to stop early.
+    pub async fn with_lock<F, Fut, T>(&self, critical_section: F) -> Result<T>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let for_section = self.reenter_hold(&guard.hold)?.ok_or_else(|| self.released_meanwhile())?;
+        let mut scopes = LOCK_SCOPES.try_with(Clone::clone).unwrap_or_default();
+        scopes.push((Arc::downgrade(&self.inner), guard.hold.clone()));
+        let output = LOCK_SCOPES.scope(scopes, critical_section(for_section)).await;
+        drop(guard);
+        Ok(output)
+    }
+
     async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
-        let owner = Owner::current();
-        if self.inner.reentrant {
-            if let Some(guard) = self.reenter(owner)? {
+        if let Some(hold) = self.scope_hold() {
+            if let Some(guard) = self.reenter_hold(&hold)? {
                 return Ok(Some(guard));
             }
         }
@@ -264,7 +328,7 @@ impl InterProcessMutex {
             None => attempt.await?,
             Some(timeout) => tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?,
         };
-        Ok(node.map(|grant| self.register(owner, grant)))
+        Ok(node.map(|grant| self.register(grant)))
     }
 
     fn holds(&self) -> MutexGuard<'_, HashMap<u64, HoldEntry>> {
@@ -273,39 +337,39 @@ impl InterProcessMutex {
         self.inner.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn reenter(&self, owner: Owner) -> Result<Option<LockGuard>> {
-        let mut holds = self.holds();
-        let lost = |entry: &HoldEntry| match *entry.hold.state.borrow() {
-            LockState::Lost(reason) => Some(reason),
-            _ => None,
-        };
-        // The owner's live hold, if any; else tell about a lost one.
-        let mut mine = holds.values_mut().filter(|entry| entry.hold.owner == owner);
-        let Some(entry) = mine.find(|entry| lost(entry).is_none()) else {
-            return match holds.values().filter(|entry| entry.hold.owner == owner).find_map(lost) {
-                Some(reason) => Err(Error::LockLost { path: self.path().to_owned(), reason }),
-                None => Ok(None),
-            };
-        };
-        entry.guards += 1;
-        Ok(Some(LockGuard::new(self.inner.clone(), entry.hold.clone())))
+    /// The hold of the innermost lock scope of this mutex the current future runs in.
+    fn scope_hold(&self) -> Option<Arc<Hold>> {
+        let me = Arc::as_ptr(&self.inner);
+        LOCK_SCOPES
+            .try_with(|scopes| {
+                scopes.iter().rev().find(|(mutex, _)| mutex.as_ptr() == me).map(|(_, hold)| hold.clone())
+            })
+            .ok()
+            .flatten()
     }
 
-    fn register(&self, owner: Owner, Grant { node, own_watch }: Grant) -> LockGuard {
-        let state: HoldState = Arc::new(tokio::sync::watch::Sender::new(LockState::Held));
-        let interest = Arc::new(tokio::sync::Notify::new());
-        let released = Arc::new(Released::default());
-        tokio::spawn(monitor_hold(
-            self.inner.internals.cleanup().clone(),
-            node.path.clone(),
-            state.clone(),
-            self.inner.loss_policy,
-            interest.clone(),
-            released.clone(),
-            own_watch,
-        ));
+    /// Another guard of `hold` (re-entry); fails if the hold was lost, `None` if every guard of
+    /// it is already released (its node is gone: it cannot be re-entered).
+    fn reenter_hold(&self, hold: &Arc<Hold>) -> Result<Option<LockGuard>> {
+        if let LockState::Lost(reason) = hold.state() {
+            return Err(Error::LockLost { path: self.path().to_owned(), reason });
+        }
+        let mut holds = self.holds();
+        let Some(entry) = holds.get_mut(&hold.id) else {
+            return Ok(None);
+        };
+        entry.guards += 1;
+        Ok(Some(LockGuard::new(self.inner.clone(), hold.clone())))
+    }
+
+    fn released_meanwhile(&self) -> Error {
+        Error::LockLost { path: self.path().to_owned(), reason: crate::state::LossReason::NodeDeleted }
+    }
+
+    fn register(&self, Grant { node, own_watch }: Grant) -> LockGuard {
+        let feed = self.inner.internals.session().track(node.path.clone(), self.inner.loss_policy, own_watch);
         let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let hold = Arc::new(Hold { id, node, owner, state, interest, released });
+        let hold = Arc::new(Hold { id, node, feed });
         self.holds().insert(id, HoldEntry { hold: hold.clone(), guards: 1 });
         LockGuard::new(self.inner.clone(), hold)
     }
@@ -341,10 +405,10 @@ impl InterProcessMutex {
         !self.holds().is_empty()
     }
 
-    /// Whether the current task (or thread, outside a task) holds the lock through this mutex.
-    pub fn is_owned_by_current_task(&self) -> bool {
-        let owner = Owner::current();
-        self.holds().values().any(|entry| entry.hold.owner == owner)
+    /// Whether the current future runs inside a [`with_lock`](Self::with_lock) scope of this
+    /// mutex (where acquires re-enter).
+    pub fn is_held_in_current_scope(&self) -> bool {
+        self.scope_hold().is_some()
     }
 }
 
@@ -357,9 +421,9 @@ impl MutexInner {
         if entry.guards > 0 {
             return None;
         }
-        // Released: what happens to the node from now on is no loss. (Notified before the node's
+        // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
-        hold.released.set();
+        self.internals.session().release(&hold.feed);
         holds.remove(&hold.id).map(|entry| entry.hold.node.clone())
     }
 }

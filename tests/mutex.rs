@@ -102,25 +102,34 @@ async fn reentrant_three_deep() {
     let observer = client().await;
     let mutex = InterProcessMutex::new(client().await, &path).unwrap();
     assert!(!mutex.is_acquired_in_this_process());
-    let first = mutex.acquire().await.unwrap();
-    let second = mutex.acquire().await.unwrap();
-    let third = mutex.try_acquire().await.unwrap().expect("re-entry never waits");
-    assert_eq!(first.lock_path(), second.lock_path());
-    assert_eq!(first.lock_path(), third.lock_path());
-    assert_eq!(first.fencing_token(), third.fencing_token());
-    assert!(mutex.is_owned_by_current_task());
-    assert!(mutex.is_acquired_in_this_process());
-    assert_eq!(children(&observer, &path).await.len(), 1, "re-entry must not create nodes");
-
-    let node = first.lock_path().to_owned();
-    third.release().await.unwrap();
-    drop(first);
-    assert!(observer.check_stat(&node).await.unwrap().is_some(), "node deleted before last release");
-    assert!(mutex.is_owned_by_current_task());
-    second.release().await.unwrap();
-    assert!(observer.check_stat(&node).await.unwrap().is_none(), "node left after last release");
-    assert!(!mutex.is_owned_by_current_task());
+    assert!(!mutex.is_held_in_current_scope());
+    let (mutex_ref, observer_ref, path_ref) = (&mutex, &observer, &path);
+    let node = mutex
+        .with_lock(|first| async move {
+            let (mutex, observer, path) = (mutex_ref, observer_ref, path_ref);
+            let second = mutex.acquire().await.unwrap();
+            let third = mutex.try_acquire().await.unwrap().expect("re-entry never waits");
+            assert_eq!(first.lock_path(), second.lock_path());
+            assert_eq!(first.lock_path(), third.lock_path());
+            assert_eq!(first.fencing_token(), third.fencing_token());
+            assert!(mutex.is_held_in_current_scope());
+            assert!(mutex.is_acquired_in_this_process());
+            assert_eq!(children(observer, path).await.len(), 1, "re-entry must not create nodes");
+            let node = first.lock_path().to_owned();
+            third.release().await.unwrap();
+            drop(first);
+            assert!(observer.check_stat(&node).await.unwrap().is_some(), "node deleted before last release");
+            second.release().await.unwrap();
+            assert!(observer.check_stat(&node).await.unwrap().is_some(), "node deleted while the scope holds it");
+            node
+        })
+        .await
+        .unwrap();
+    // with_lock sent the delete before returning.
+    assert!(observer.check_stat(&node).await.unwrap().is_none(), "node left after the scope ended");
+    assert!(!mutex.is_held_in_current_scope());
     assert!(!mutex.is_acquired_in_this_process());
+    assert_no_nodes_left(&observer, &path).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,7 +139,7 @@ async fn other_tasks_on_the_same_mutex_contend() {
     let guard = mutex.acquire().await.unwrap();
     let other = mutex.clone();
     let blocked = tokio::spawn(async move {
-        assert!(!other.is_owned_by_current_task());
+        assert!(!other.is_held_in_current_scope());
         assert!(other.is_acquired_in_this_process());
         assert!(other.try_acquire().await.unwrap().is_none());
         assert!(other.acquire_timeout(Duration::from_millis(300)).await.unwrap().is_none());
@@ -140,7 +149,7 @@ async fn other_tasks_on_the_same_mutex_contend() {
     let other = mutex.clone();
     let waiter = tokio::spawn(async move {
         let guard = other.acquire().await.unwrap();
-        assert!(other.is_owned_by_current_task());
+        assert!(other.is_acquired_in_this_process());
         guard.fencing_token()
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -333,7 +342,7 @@ async fn two_mutexes_on_one_client_are_two_processes() {
     // Same task, same session, but another mutex: no re-entry.
     assert!(two.try_acquire().await.unwrap().is_none());
     assert!(two.acquire_timeout(Duration::from_millis(200)).await.unwrap().is_none());
-    assert!(!two.is_owned_by_current_task());
+    assert!(!two.is_held_in_current_scope());
     let waiter = {
         let two = two.clone();
         tokio::spawn(async move { two.acquire().await.unwrap().release().await.unwrap() })
@@ -343,22 +352,26 @@ async fn two_mutexes_on_one_client_are_two_processes() {
     assert_no_nodes_left(&client, &path).await;
 }
 
+/// Outside a task (a `block_on` future), acquires work like anywhere else: outside a lock scope
+/// they queue, inside one they re-enter.
 #[test]
-fn owner_is_the_thread_outside_a_task() {
+fn acquires_outside_a_task() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let path = unique_path("thread-owner");
         let mutex = InterProcessMutex::new(client().await, &path).unwrap();
-        // block_on's future is not a task: the owner is this thread.
         let first = mutex.acquire().await.unwrap();
-        let second = mutex.try_acquire().await.unwrap().expect("same thread re-enters");
-        assert_eq!(first.lock_path(), second.lock_path());
-        // A spawned task is another owner.
-        let other = mutex.clone();
-        let blocked = tokio::spawn(async move { other.try_acquire().await.unwrap().is_none() }).await.unwrap();
-        assert!(blocked);
+        assert!(mutex.try_acquire().await.unwrap().is_none(), "an acquire outside a scope re-entered");
         drop(first);
-        second.release().await.unwrap();
+        let mutex_ref = &mutex;
+        let reentered = mutex
+            .with_lock(|first| async move {
+                let second = mutex_ref.try_acquire().await.unwrap().expect("re-entry inside the scope");
+                first.lock_path() == second.lock_path()
+            })
+            .await
+            .unwrap();
+        assert!(reentered);
         assert!(!mutex.is_acquired_in_this_process());
     });
 }
@@ -414,40 +427,6 @@ async fn acl_denial_is_a_clear_error() {
     assert!(matches!(err, Error::NoAuth { .. }), "{err:?}");
     assert!(err.to_string().contains(&path), "{err}");
     assert!(children(&admin, &path).await.is_empty());
-}
-
-/// Futures polled concurrently by one task share the task as owner: with re-entry they share a
-/// hold (documented), with `reentrant(false)` they queue like any contenders.
-#[tokio::test]
-async fn reentrant_false_serialises_futures_of_one_task() {
-    async fn overlap(mutex: &InterProcessMutex) -> usize {
-        let (holders, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
-        let (holders, most) = (&holders, &most);
-        // Staggered, so the later ones start while the first holds the lock.
-        let work = |delay: u64| async move {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-            let guard = mutex.acquire().await.unwrap();
-            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            holders.fetch_sub(1, Ordering::SeqCst);
-            guard.release().await.unwrap();
-        };
-        tokio::join!(work(0), work(80), work(120));
-        most.load(Ordering::SeqCst)
-    }
-    let path = unique_path("non-reentrant");
-    let strict = InterProcessMutex::builder(client().await, &path).reentrant(false).build().unwrap();
-    assert_eq!(overlap(&strict).await, 1, "a non-re-entrant mutex let two futures of one task hold it");
-    let held = strict.acquire().await.unwrap();
-    assert!(strict.try_acquire().await.unwrap().is_none(), "no re-entry with reentrant(false)");
-    assert!(strict.is_owned_by_current_task());
-    held.release().await.unwrap();
-
-    let reentrant = InterProcessMutex::new(client().await, unique_path("reentrant-join")).unwrap();
-    let shared = overlap(&reentrant).await;
-    assert!(shared > 1, "with re-entry, futures of one task share the hold (most at once: {shared})");
-    assert_no_nodes_left(&client().await, &path).await;
 }
 
 /// Lock paths are relative to the client's chroot, and clients with and without the chroot see

@@ -9,6 +9,7 @@
 //!     zk_testcontainers::HarnessError::Proxy { action: "connect".into(), reason: e.to_string() }
 //! })?;
 //! proxy.stall();          // partition: the server will expire the session on its own
+//! proxy.stall_upstream(); // asymmetric: the server hears nothing, the client still hears it
 //! proxy.pass();           // heal
 //! proxy.cut();            // connection loss, session survives
 //! proxy.drop_reply_to_next(&[op::CREATE2]); // the next create is applied, its reply is lost
@@ -64,6 +65,8 @@ pub mod op {
 enum Mode {
     Pass,
     Stall,
+    /// Only client→server is held back; server→client flows.
+    StallUp,
 }
 
 struct Shared {
@@ -144,6 +147,13 @@ impl FaultProxy {
     /// soon sees `Disconnected`; the server expires the session after its timeout.
     pub fn stall(&self) {
         self.shared.mode.send_replace(Mode::Stall);
+    }
+
+    /// An asymmetric partition: client→server bytes are held back (the server hears nothing
+    /// from the client, and expires its session after the timeout), server→client bytes still
+    /// flow (replies already due, watch events). [`FaultProxy::pass`] heals it.
+    pub fn stall_upstream(&self) {
+        self.shared.mode.send_replace(Mode::StallUp);
     }
 
     /// Closes every current connection, both sides, now. New connections are accepted and
@@ -272,6 +282,12 @@ impl Conn {
         let _ = mode.wait_for(|m| *m == Mode::Pass).await;
     }
 
+    /// Resolves once server→client bytes may flow.
+    async fn passing_down(&self) {
+        let mut mode = self.shared.mode.subscribe();
+        let _ = mode.wait_for(|m| *m == Mode::Pass || *m == Mode::StallUp).await;
+    }
+
     /// Resolves once an armed request was sent on this connection; returns its xid.
     async fn reply_dropped(&self) -> i32 {
         let mut state = self.state.subscribe();
@@ -324,8 +340,12 @@ async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8], conn: &Conn)
 
 /// Waits for pass mode, then writes; `false` if the connection ended meanwhile or failed.
 async fn forward<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], conn: &Conn) -> bool {
+    forward_dir(w, data, conn, false).await
+}
+
+async fn forward_dir<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], conn: &Conn, down: bool) -> bool {
     tokio::select! {
-        _ = conn.passing() => {}
+        _ = async { if down { conn.passing_down().await } else { conn.passing().await } } => {}
         _ = conn.ended() => return false,
     }
     tokio::select! {
@@ -450,7 +470,7 @@ async fn server_to_client(
             break xid;
         }
         tokio::select! {
-            _ = conn.passing() => {}
+            _ = conn.passing_down() => {}
             _ = conn.ended() => { conn.close(); return; }
             xid = conn.reply_dropped() => break xid,
         }
@@ -474,7 +494,7 @@ async fn server_to_client(
         }
         let data: Vec<u8> =
             if framer.raw { std::mem::take(&mut framer.pending) } else { framer.pending.drain(..consumed).collect() };
-        if !data.is_empty() && !forward(&mut client_w, &data, &conn).await {
+        if !data.is_empty() && !forward_dir(&mut client_w, &data, &conn, true).await {
             conn.close();
             return;
         }

@@ -1,0 +1,662 @@
+//! The session layer: one monitor per ZooKeeper session, shared by every hold on it.
+//!
+//! A lock is held by a *session*, so what a holder can know about its lock is mostly what can be
+//! known about the session: is it connected, is it dead, and — the hard part — how long can we
+//! still be sure the **leader** has not expired it. The monitor works that out once per session
+//! (not once per hold), and turns it into each hold's [`LockState`]:
+//!
+//! 1. It follows the client's session state (`Client::state_watcher`).
+//! 2. While anyone acquires or holds a lock on the session, it sends a heartbeat round (a
+//!    `sync`) every `T/5` after the previous answer, and derives the **loss deadline** from the
+//!    answers (below). Every other answered write of ours (a lock node's create) counts as such a
+//!    round too, so a hold granted at once never waits for a heartbeat.
+//! 3. It tells every hold its state: `Lost(reason)` once the session is dead, the deadline has
+//!    passed, or (under [`LossPolicy::Suspended`]) the connection is lost or stalled; under
+//!    [`LossPolicy::SessionDeadline`] a lost or stalled connection is only `Suspended`. A hold told
+//!    it is lost because of the connection or the deadline has its node deleted should the
+//!    session come back, so no waiter waits for a lock its holder gave up.
+//! 4. Each hold watches its own node (a data watch, set when the holder first looks at its state,
+//!    or after [`OWN_NODE_WATCH_DELAY`]) and is `Lost(NodeDeleted)` when someone deletes it.
+//! 5. If the monitor stops for any reason but the end of its work — a panic, the runtime shutting
+//!    down — every hold it feeds becomes `Lost(MonitorStopped)`: no hold is left saying `Held`
+//!    with nobody watching.
+//!
+//! # The loss deadline
+//! T is the negotiated session timeout. Only the leader expires sessions, at the earliest T
+//! after the last *touch* of the session it knows of (rounded up to its next tick). A client
+//! talks to one server; a follower touches our session on each request it receives from us and
+//! passes its touches to the leader in its reply to the leader's `PING`, which the leader sends
+//! every `tickTime/2`. A follower cut off from the leader goes on answering our pings and reads
+//! for up to `syncLimit × tickTime` — so an answer from our server proves nothing about the
+//! leader. A `sync` (or a write) is different: the follower forwards it to the leader and answers
+//! only once the leader did. We call such a request, sent at local time `s` and answered at `r`,
+//! a *round*.
+//!
+//! **Assumptions.** (A1) While a follower's forwarded requests are answered by the leader, the
+//! leader's pings reach it at most `G = T/5` apart: `tickTime/2` plus delivery jitter, which holds
+//! when `tickTime ≤ T/3` (ZooKeeper's default `minSessionTimeout` is `2 × tickTime`; the sample
+//! config's 2 s tick with a 6 s session is exactly `T/3`). (A2) The session sends its server
+//! something at least every `P = T/5` while connected: our heartbeats while the monitor runs, and
+//! otherwise the client library's own pings (`zookeeper-client` pings after `0.15 T` of silence,
+//! checked every `0.05 T`). (A3) The local monotonic clock and the leader's run at rates within
+//! 10 % of each other over an interval of T. Messages cannot arrive before they are sent.
+//!
+//! **Claim.** If round `k` is answered, the leader has a touch of our session made no earlier
+//! than `E_k = max(s_j, s_k − G − P)`, where `j` is the latest answered round with `r_j ≤ s_k − G`.
+//!
+//! *Proof.* The follower received round `k` at `f_k ≥ s_k` and forwarded it; the leader answered,
+//! so by (A1) the follower got a ping in `[f_k − G, f_k]` and sent the reply — with every touch it
+//! had made until then — ahead of forwarding round `k` on the same ordered stream. (i) Round `j`
+//! was received at `f_j ≤ r_j ≤ s_k − G ≤ f_k − G`, so its touch, made at `f_j ≥ s_j`, was in
+//! that reply or an earlier one. If the client switched servers between `j` and `k`, the new
+//! server revalidated the session with the leader, which touches it at the leader after `r_j`.
+//! (ii) By (A2) the follower received something of ours in `[f_k − G − P, f_k − G]`, touched then,
+//! so at or after `s_k − G − P`. ∎
+//!
+//! So the leader cannot expire us before `E + T` (its clock). We declare the deadline passed at
+//! `E + 0.9 T` on our clock, which by (A3) is earlier; the next holder is granted only after the
+//! expiry has been committed and its watch fired, later still. **The holder is told before the
+//! leader can expire the session, so before anyone else can be granted the lock** — also when
+//! its server is a follower cut off from the leader that keeps answering it (the zone partition
+//! of `tests/ensemble.rs`), where the connection looks healthy throughout. Rounds are scheduled
+//! `T/5` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
+//! deadline sits about `0.5 T` ahead of the latest answer, and a heartbeat must be late by about
+//! that much before a healthy session is declared lost.
+//!
+//! The deadline is per session, not per hold: a hold granted on a watch event (which sent no
+//! request) inherits the session's evidence, which is no fresher than the last round actually
+//! answered — never the grant instant.
+//!
+//! **Stalls.** Under [`LossPolicy::Suspended`] a connection on which no round has been answered for
+//! `0.4 T` counts as lost, like one the client library gave up on (it does so after `0.4 T` without
+//! receiving a byte; a server that stops answering while still sending — watch events, or a
+//! one-way partition — never trips that).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tracing::{debug, error, warn};
+use zookeeper_client as zk;
+
+use crate::cleanup::{Cleanup, Target};
+use crate::engine::{watch_node, NodeWatch, Watched};
+use crate::error::{session_dead, Error, Result};
+use crate::state::{LockState, LossPolicy, LossReason};
+
+/// How long a hold nobody asked about goes without a watch on its own node.
+pub(crate) const OWN_NODE_WATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// Heartbeat period, and (A1)'s `G` and (A2)'s `P`: `T/5`.
+fn fifth(t: Duration) -> Duration {
+    t / 5
+}
+
+/// The deadline: `E + 0.9 T`.
+fn deadline_after(evidence: Instant, t: Duration) -> Instant {
+    evidence + t * 9 / 10
+}
+
+/// Without an answered round for this long, a connection counts as stalled (the client library
+/// gives up on a connection after `0.4 T` without receiving a byte).
+fn stall_after(t: Duration) -> Duration {
+    t * 2 / 5
+}
+
+/// A round outstanding for this long also means a stalled connection: rounds are sent `T/5`
+/// after the previous answer, so with both rules a stall is noticed at most `0.4 T` after the
+/// last byte of an answer could have left the server.
+fn round_stall_after(t: Duration) -> Duration {
+    t / 4
+}
+
+/// The monitor of one ZooKeeper session. Cheap to clone; every lock recipe on a client shares it.
+#[derive(Clone)]
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &format_args!("{:#x}", self.shared.id)).finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    id: i64,
+    /// The runtime the monitor and the own-node watches run on (the first acquire's).
+    runtime: OnceLock<tokio::runtime::Handle>,
+    client: zk::Client,
+    timeout: Duration,
+    cleanup: Cleanup,
+    inner: Mutex<Inner>,
+    /// Wakes the monitor task: users, holds or evidence changed.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Whether the monitor task runs.
+    running: bool,
+    /// Acquires in flight.
+    acquires: usize,
+    holds: HashMap<u64, Arc<HoldFeed>>,
+    next_hold: u64,
+    /// Answered rounds of the last T, oldest first.
+    rounds: VecDeque<Round>,
+    health: Health,
+    /// What the holds were last told, to re-evaluate them only when it changes.
+    told: Option<Class>,
+    /// Holds waiting for their own-node watch, in the order their delay ends.
+    watch_queue: VecDeque<(Instant, Weak<HoldFeed>)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    sent: Instant,
+    answered: Instant,
+}
+
+/// What the monitor knows about the session.
+#[derive(Clone, Copy, Debug, Default)]
+struct Health {
+    connected: bool,
+    terminal: Option<LossReason>,
+    /// The loss deadline (`None` until a first round was answered).
+    deadline: Option<Instant>,
+    /// The last answered round on the current connection (or when it was established).
+    last_answer: Option<Instant>,
+    /// When the round in flight, if any, was sent.
+    in_flight_since: Option<Instant>,
+}
+
+/// The session's condition, as far as holds care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Dead(LossReason),
+    DeadlinePassed,
+    Disconnected,
+    /// Connected, but the server does not answer our heartbeats (a stalled or one-way connection).
+    Stalled,
+    Healthy,
+}
+
+impl Health {
+    fn class(&self, t: Duration, now: Instant) -> Class {
+        if let Some(reason) = self.terminal {
+            return Class::Dead(reason);
+        }
+        if self.deadline.is_none_or(|deadline| now >= deadline) {
+            return Class::DeadlinePassed;
+        }
+        if !self.connected {
+            return Class::Disconnected;
+        }
+        if self.stalled_at(t).is_some_and(|at| now >= at) {
+            return Class::Stalled;
+        }
+        Class::Healthy
+    }
+
+    /// When the connection counts as stalled if nothing is answered before.
+    fn stalled_at(&self, t: Duration) -> Option<Instant> {
+        let by_answer = self.last_answer.map(|at| at + stall_after(t));
+        let by_round = self.in_flight_since.map(|at| at + round_stall_after(t));
+        by_answer.into_iter().chain(by_round).min()
+    }
+}
+
+fn verdict(class: Class, policy: LossPolicy) -> LockState {
+    match (class, policy) {
+        (Class::Dead(reason), _) => LockState::Lost(reason),
+        (Class::DeadlinePassed, _) => LockState::Lost(LossReason::SessionDeadlinePassed),
+        (Class::Disconnected | Class::Stalled, LossPolicy::Suspended) => {
+            LockState::Lost(LossReason::ConnectionSuspended)
+        },
+        (Class::Disconnected, LossPolicy::SessionDeadline) => LockState::Suspended,
+        // The deadline covers a connection that stays up but stops answering.
+        (Class::Stalled | Class::Healthy, _) => LockState::Held,
+    }
+}
+
+/// The session-side record of one hold: its state, and what is needed to keep it true.
+pub(crate) struct HoldFeed {
+    id: u64,
+    path: String,
+    policy: LossPolicy,
+    state: watch::Sender<LockState>,
+    /// Set when the owner released the hold (before the node's delete is sent): from then on
+    /// nothing that happens to the node is a loss.
+    released: AtomicBool,
+    /// Whether the watch on our own node was started.
+    watching: AtomicBool,
+}
+
+impl std::fmt::Debug for HoldFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldFeed").field("path", &self.path).field("state", &*self.state.borrow()).finish()
+    }
+}
+
+impl HoldFeed {
+    pub(crate) fn state(&self) -> LockState {
+        *self.state.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LockState> {
+        self.state.subscribe()
+    }
+
+    fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
+    /// Sets the state (`Lost` is final); returns whether the hold was newly lost.
+    fn tell(&self, new: LockState) -> bool {
+        let mut newly_lost = false;
+        self.state.send_if_modified(|current| {
+            if matches!(current, LockState::Lost(_)) || *current == new || self.is_released() {
+                return false;
+            }
+            debug!(lock_node = self.path, from = ?current, to = ?new, "lock state");
+            newly_lost = matches!(new, LockState::Lost(_));
+            *current = new;
+            true
+        });
+        if let (true, LockState::Lost(reason)) = (newly_lost, new) {
+            warn!(lock_node = self.path, %reason, "lock lost");
+        }
+        newly_lost
+    }
+}
+
+type Registry = Mutex<HashMap<i64, Weak<Shared>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Updates under these locks are small and leave the data consistent at every step, so a
+    // poisoned lock is still usable.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Session {
+    /// The monitor of `client`'s session (created on first use; nothing runs until an acquire).
+    pub(crate) fn of(client: &zk::Client) -> Session {
+        let id = client.session_id().0;
+        let mut sessions = lock(registry());
+        if let Some(shared) = sessions.get(&id).and_then(Weak::upgrade) {
+            return Session { shared };
+        }
+        sessions.retain(|_, shared| shared.strong_count() > 0);
+        let shared = Arc::new(Shared {
+            id,
+            runtime: OnceLock::new(),
+            client: client.clone(),
+            timeout: client.session_timeout(),
+            cleanup: Cleanup::new(client.clone()),
+            inner: Mutex::new(Inner::default()),
+            wake: Notify::new(),
+        });
+        sessions.insert(id, Arc::downgrade(&shared));
+        Session { shared }
+    }
+
+    pub(crate) fn client(&self) -> &zk::Client {
+        &self.shared.client
+    }
+
+    pub(crate) fn cleanup(&self) -> &Cleanup {
+        &self.shared.cleanup
+    }
+
+    /// Registers an acquire in flight (the monitor heartbeats while there is one), starting the
+    /// monitor if needed. Fails if the current runtime cannot run it.
+    pub(crate) fn begin_acquire(&self) -> Result<AcquireTicket> {
+        check_runtime()?;
+        self.shared.cleanup.remember_runtime();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let _ = self.shared.runtime.set(handle);
+        }
+        let mut inner = lock(&self.shared.inner);
+        inner.acquires += 1;
+        self.ensure_running(&mut inner);
+        drop(inner);
+        self.shared.wake.notify_one();
+        Ok(AcquireTicket { shared: self.shared.clone() })
+    }
+
+    /// Records a request of ours that the leader answered (a write, or a `sync`) sent at `sent`.
+    pub(crate) fn leader_answered(&self, sent: Instant) {
+        let mut inner = lock(&self.shared.inner);
+        inner.answered(Round { sent, answered: Instant::now() }, self.shared.timeout);
+        drop(inner);
+        self.shared.wake.notify_one();
+    }
+
+    /// Starts tracking a granted hold of the node `path`. `own_watch` is the watch on it set while
+    /// waiting, if any.
+    pub(crate) fn track(&self, path: String, policy: LossPolicy, own_watch: Option<NodeWatch>) -> Arc<HoldFeed> {
+        let now = Instant::now();
+        let mut inner = lock(&self.shared.inner);
+        let id = inner.next_hold;
+        inner.next_hold += 1;
+        let class = inner.health.class(self.shared.timeout, now);
+        let feed = Arc::new(HoldFeed {
+            id,
+            path,
+            policy,
+            state: watch::Sender::new(LockState::Held),
+            released: AtomicBool::new(false),
+            watching: AtomicBool::new(own_watch.is_some()),
+        });
+        inner.holds.insert(id, feed.clone());
+        if own_watch.is_none() {
+            inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
+        }
+        // Granted on a session we cannot vouch for (dead, deadline passed, or connection lost
+        // under `Suspended`): lost at once, and the node given up.
+        self.shared.apply(&feed, verdict(class, policy));
+        self.ensure_running(&mut inner);
+        drop(inner);
+        if let Some(watch) = own_watch {
+            self.spawn_own_watch(&feed, Some(watch));
+        }
+        self.shared.wake.notify_one();
+        feed
+    }
+
+    /// The holder looks at its state: make sure its node is watched.
+    pub(crate) fn interest(&self, feed: &Arc<HoldFeed>) {
+        if !feed.watching.load(Ordering::Relaxed) {
+            self.spawn_own_watch(feed, None);
+        }
+    }
+
+    /// The owner released the hold: nothing that happens to its node is a loss any more. Call
+    /// before sending the node's delete.
+    pub(crate) fn release(&self, feed: &HoldFeed) {
+        feed.released.store(true, Ordering::SeqCst);
+        lock(&self.shared.inner).holds.remove(&feed.id);
+        self.shared.wake.notify_one();
+    }
+
+    fn ensure_running(&self, inner: &mut Inner) {
+        if inner.running {
+            return;
+        }
+        inner.running = true;
+        inner.told = None;
+        // What the stopped monitor knew of the connection is stale; its evidence is not (a past
+        // deadline stays past).
+        let connected = self.shared.client.state() == zk::SessionState::SyncConnected;
+        inner.health.connected = connected;
+        inner.health.last_answer = connected.then(Instant::now);
+        inner.health.in_flight_since = None;
+        self.shared.spawn(monitor(self.shared.clone()));
+    }
+
+    fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) {
+        if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
+            return;
+        }
+        let client = self.shared.client.clone();
+        let path = feed.path.clone();
+        let feed = Arc::downgrade(feed);
+        self.shared.spawn(async move {
+            let mut watch = armed.unwrap_or_else(|| watch_node(client.clone(), path.clone()));
+            loop {
+                // Awaited even once the hold is released: our own delete fires it, and dropping
+                // an armed watch would cost a request to remove it.
+                let event = (&mut watch).await;
+                let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
+                let reason = match event {
+                    Watched::Deleted => LossReason::NodeDeleted,
+                    Watched::SessionDead(state) => terminal_reason(state),
+                    Watched::Other => {
+                        watch = watch_node(client.clone(), path.clone());
+                        continue;
+                    },
+                    Watched::Refused(err) => {
+                        error!(lock_node = path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
+                        return;
+                    },
+                };
+                feed.tell(LockState::Lost(reason));
+                return;
+            }
+        });
+    }
+}
+
+/// An acquire in flight; keeps the monitor heartbeating until dropped.
+pub(crate) struct AcquireTicket {
+    shared: Arc<Shared>,
+}
+
+impl Drop for AcquireTicket {
+    fn drop(&mut self) {
+        lock(&self.shared.inner).acquires -= 1;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Inner {
+    /// Takes in an answered round and moves the deadline (see the module docs for the rule).
+    fn answered(&mut self, round: Round, t: Duration) {
+        let g = fifth(t);
+        let two_rounds = self.rounds.iter().rev().find(|j| j.answered + g <= round.sent).map(|j| j.sent);
+        let one_round = round.sent.checked_sub(g + fifth(t));
+        let evidence = two_rounds.max(one_round);
+        if let Some(evidence) = evidence {
+            let deadline = deadline_after(evidence, t);
+            self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
+        }
+        self.health.last_answer = Some(self.health.last_answer.map_or(round.answered, |a| a.max(round.answered)));
+        let at = self.rounds.partition_point(|j| j.sent <= round.sent);
+        self.rounds.insert(at, round);
+        while self.rounds.front().is_some_and(|oldest| oldest.answered + t < round.answered) {
+            self.rounds.pop_front();
+        }
+    }
+}
+
+impl Shared {
+    /// Spawns on the current runtime, or the one the session's first acquire ran on. A runtime
+    /// that has shut down drops the task at once (the holds it would feed are lost, see
+    /// [`StopGuard`]).
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        match tokio::runtime::Handle::try_current().ok().or_else(|| self.runtime.get().cloned()) {
+            Some(runtime) => drop(runtime.spawn(task)),
+            None => warn!(session = format_args!("{:#x}", self.id), "no tokio runtime to run the session monitor on"),
+        }
+    }
+
+    /// Tells `feed` its verdict; a hold lost to the connection or the deadline gives up its node.
+    fn apply(&self, feed: &HoldFeed, state: LockState) {
+        if feed.tell(state) {
+            if let LockState::Lost(LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed) = state {
+                // If the same session comes back, nobody must wait for a node whose holder was
+                // told it lost the lock. The delete queues until the connection is back, or fails
+                // harmlessly if the session is gone.
+                self.cleanup.delete(Target::Path(feed.path.clone()));
+            }
+        }
+    }
+
+    /// Re-evaluates every hold if the session's condition changed since they were last told.
+    fn tell_holds(&self, now: Instant) {
+        let mut inner = lock(&self.inner);
+        let class = inner.health.class(self.timeout, now);
+        if inner.told == Some(class) {
+            return;
+        }
+        inner.told = Some(class);
+        debug!(session = format_args!("{:#x}", self.id), ?class, "session condition");
+        for feed in inner.holds.values() {
+            self.apply(feed, verdict(class, feed.policy));
+        }
+        // Lost holds need no more attention.
+        inner.holds.retain(|_, feed| !matches!(feed.state(), LockState::Lost(_)));
+    }
+}
+
+fn terminal_reason(state: zk::SessionState) -> LossReason {
+    match state {
+        zk::SessionState::AuthFailed => LossReason::AuthFailed,
+        zk::SessionState::Closed => LossReason::SessionClosed,
+        _ => LossReason::SessionExpired,
+    }
+}
+
+/// Whether the current tokio runtime can run the monitor (it needs timers).
+fn check_runtime() -> Result<()> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::Runtime { reason: "not called from within a tokio runtime" });
+    }
+    // Tokio has no way to ask whether timers are enabled short of creating one, which panics
+    // when they are not (the panic hook prints tokio's message, which says the same).
+    let has_timers =
+        std::panic::catch_unwind(|| drop(tokio::time::sleep_until(Instant::now() + Duration::from_secs(1)))).is_ok();
+    if !has_timers {
+        return Err(Error::Runtime {
+            reason: "the tokio runtime has timers disabled; build it with enable_all() or enable_time() \
+                     (zk-recipes needs timers to tell a holder when its lock is lost)",
+        });
+    }
+    Ok(())
+}
+
+type Round2 = Pin<Box<dyn Future<Output = (Instant, std::result::Result<(), zk::Error>)> + Send>>;
+
+async fn poll_round(round: &mut Option<Round2>) -> (Instant, std::result::Result<(), zk::Error>) {
+    match round.as_mut() {
+        Some(round) => round.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Marks every hold lost if the monitor task ends any other way than by finishing its work.
+struct StopGuard {
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut inner = lock(&self.shared.inner);
+        inner.running = false;
+        let holds: Vec<Arc<HoldFeed>> = inner.holds.drain().map(|(_, feed)| feed).collect();
+        drop(inner);
+        if !holds.is_empty() {
+            error!(
+                session = format_args!("{:#x}", self.shared.id),
+                holds = holds.len(),
+                "session monitor stopped (runtime shutdown or panic): its holds are lost"
+            );
+        }
+        for feed in holds {
+            feed.tell(LockState::Lost(LossReason::MonitorStopped));
+        }
+    }
+}
+
+/// The monitor task of one session: runs while acquires or holds exist.
+async fn monitor(shared: Arc<Shared>) {
+    let mut stop = StopGuard { shared: shared.clone(), finished: false };
+    let t = shared.timeout;
+    let client = shared.client.clone();
+    let mut states = client.state_watcher();
+    let mut round: Option<Round2> = None;
+    let mut next_round = Instant::now();
+    loop {
+        let now = Instant::now();
+        let session_state = states.state();
+        let (wake_at, heartbeat) = {
+            let mut inner = lock(&shared.inner);
+            let connected = session_state == zk::SessionState::SyncConnected;
+            if connected && !inner.health.connected {
+                // A (re)established connection: nothing answered on it yet.
+                inner.health.last_answer = Some(now);
+                next_round = now;
+            }
+            inner.health.connected = connected;
+            if session_state.is_terminated() {
+                inner.health.terminal = Some(terminal_reason(session_state));
+            }
+            if inner.acquires == 0 && inner.holds.is_empty() {
+                // Done; the next acquire starts a new task (the evidence stays with the session).
+                inner.running = false;
+                stop.finished = true;
+                break;
+            }
+            // Own-node watches whose delay ended.
+            let mut due = Vec::new();
+            while inner.watch_queue.front().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, feed)) = inner.watch_queue.pop_front() {
+                    due.extend(feed.upgrade());
+                }
+            }
+            let heartbeat = round.is_none() && now >= next_round && inner.health.terminal.is_none();
+            let health = inner.health;
+            let wake_at = [
+                health.deadline,
+                health.stalled_at(t),
+                inner.watch_queue.front().map(|(at, _)| *at),
+                (round.is_none() && !heartbeat).then_some(next_round),
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|at| *at > now)
+            .min()
+            .unwrap_or(now + t);
+            drop(inner);
+            let session = Session { shared: shared.clone() };
+            for feed in due.into_iter().filter(|feed| !feed.is_released()) {
+                session.interest(&feed);
+            }
+            (wake_at, heartbeat)
+        };
+        shared.tell_holds(now);
+        if heartbeat {
+            // Recorded before the request leaves: the evidence can only be older than the truth.
+            let sent = Instant::now();
+            lock(&shared.inner).health.in_flight_since = Some(sent);
+            let client = client.clone();
+            round = Some(Box::pin(async move { (sent, client.sync("/").await) }));
+        }
+        tokio::select! {
+            _ = shared.wake.notified() => {},
+            _ = states.changed() => {},
+            (sent, result) = poll_round(&mut round) => {
+                round = None;
+                lock(&shared.inner).health.in_flight_since = None;
+                match result {
+                    Ok(()) => {
+                        let mut inner = lock(&shared.inner);
+                        let answered = Instant::now();
+                        inner.answered(Round { sent, answered }, t);
+                        next_round = answered + fifth(t);
+                    },
+                    Err(err) if session_dead(&err) => debug!(%err, "heartbeat: session is gone"),
+                    Err(err) => {
+                        debug!(%err, "heartbeat not answered");
+                        next_round = Instant::now() + fifth(t) / 4;
+                    },
+                }
+            },
+            _ = tokio::time::sleep_until(wake_at) => {},
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Bad input gets a clear error, never a panic, a hang or harm to other holds; authorization
+//! errors are reported as what they are. Includes the review's reproductions (`shared/review`).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use zk_recipes::{Error, FencedWriteError, InterProcessMutex, LockState, LossPolicy, LossReason};
+use zookeeper_client as zk;
+
+/// README "Clear errors, no panics": bad input gives a clear error. A node_data over the server's
+/// 1 MB jute.maxbuffer makes the server drop the connection; the engine treats that as an
+/// unknown create outcome and retries forever, dropping the session's connection each time —
+/// which, under the default LossPolicy::Suspended, loses every other lock held on that client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_node_data_is_a_clear_error_and_harms_no_other_hold() {
+    init_tracing();
+    let client = client().await;
+    let other = InterProcessMutex::new(client.clone(), unique_path("big-other")).unwrap();
+    let held = other.acquire().await.unwrap();
+    assert_eq!(held.state(), LockState::Held);
+    // A clear error at build time (nothing sent, nothing harmed) is the best outcome.
+    let big =
+        match InterProcessMutex::builder(client.clone(), unique_path("big")).node_data(vec![b'x'; 1_100_000]).build() {
+            Ok(big) => big,
+            Err(err) => {
+                eprintln!("rejected at build: {err}");
+                assert!(matches!(err, Error::TooLarge { what: "node data", .. }), "{err:?}");
+                assert_eq!(held.state(), LockState::Held, "an unrelated hold on the same client was lost");
+                return;
+            },
+        };
+    let mut states = client.state_watcher();
+    let disconnects = Arc::new(AtomicUsize::new(0));
+    let counter = {
+        let disconnects = disconnects.clone();
+        tokio::spawn(async move {
+            loop {
+                if states.changed().await == zk::SessionState::Disconnected {
+                    disconnects.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(8), big.acquire()).await;
+    counter.abort();
+    let other_state = held.state();
+    let other_node_exists = client.check_stat(held.lock_path()).await.ok().flatten().is_some();
+    eprintln!(
+        "oversized node_data: acquire outcome after 8 s: {:?}; the session was disconnected {} times; \
+         the unrelated hold on the same client is now {:?} (its node still exists: {})",
+        outcome.as_ref().map(|r| r.as_ref().map(|g| g.lock_path().to_owned())),
+        disconnects.load(Ordering::SeqCst),
+        other_state,
+        other_node_exists
+    );
+    assert!(outcome.is_ok(), "acquire with 1.1 MB of node data still running after 8 s (no clear error)");
+    assert!(outcome.unwrap().is_err(), "acquire with 1.1 MB of node data cannot succeed");
+    assert_eq!(other_state, LockState::Held, "an unrelated hold on the same client was lost");
+}
+
+/// README "Holder told when the lock is lost": state()/lost() report a deleted node. On a tokio
+/// runtime built without timers (zookeeper-client itself runs fine there: it uses async-io), the
+/// hold's monitor task panics at once and the guard says Held forever.
+#[test]
+fn hold_on_a_runtime_without_timers_reports_loss() {
+    // The container and an admin client, on a normal runtime.
+    let setup = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (connect, admin) = setup.block_on(async {
+        let zk = zookeeper().await;
+        (zk.connect_string().to_owned(), zk.client().await.unwrap())
+    });
+    let path = unique_path("no-timers");
+    // The application's runtime: IO only (a common builder configuration).
+    let app = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_io().build().unwrap();
+    let (lock_path, state_after) = app.block_on(async {
+        let client = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(4))
+            .connect(&connect)
+            .await
+            .expect("connect on a timer-less runtime");
+        let mutex = InterProcessMutex::new(client, &path).unwrap();
+        // Either design is acceptable: a clear error at acquire, or loss reporting that works.
+        let guard = match mutex.acquire().await {
+            Ok(guard) => guard,
+            Err(err) => {
+                eprintln!("timer-less runtime: acquire refused with a clear error: {err}");
+                return (String::new(), LockState::Lost(LossReason::NodeDeleted));
+            },
+        };
+        assert_eq!(guard.state(), LockState::Held);
+        let lock_path = guard.lock_path().to_owned();
+        // An operator deletes our node.
+        // (zookeeper-client futures are runtime-agnostic: the admin client's session runs on `setup`.)
+        admin.delete(&lock_path, None).await.unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        let state = guard.state();
+        std::mem::forget(guard); // dropping would spawn a cleanup that may also need timers
+        (lock_path, state)
+    });
+    // (The monitor task's panic, "timers are disabled", is printed on stderr above.)
+    eprintln!("timer-less runtime: node {lock_path} deleted 3 s ago, guard state {state_after:?}");
+    assert_eq!(state_after, LockState::Lost(LossReason::NodeDeleted), "a deleted node is reported as held");
+}
+
+/// Same root cause as the oversized node data: a lock path over the server's 1 MB request limit
+/// passes validation and makes acquire loop forever on dropped connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_lock_path_is_a_clear_error() {
+    let client = client().await;
+    let long = format!("/zkr-tests/{}", "p".repeat(1_100_000));
+    let mutex = match InterProcessMutex::new(client.clone(), &long) {
+        Ok(mutex) => mutex,
+        Err(err) => {
+            eprintln!("rejected at build: {err}");
+            return;
+        },
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(8), mutex.acquire()).await;
+    eprintln!("1.1 MB lock path: acquire outcome after 8 s: {:?}", outcome.as_ref().map(|r| r.as_ref().map(|_| ())));
+    assert!(outcome.is_ok(), "acquire on a 1.1 MB lock path still running after 8 s (no clear error)");
+}
+
+/// The lock path is an existing persistent node with data (not a container): works normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_path_that_is_a_node_with_data_works() {
+    let path = unique_path("file");
+    let admin = client().await;
+    admin.mkdir("/zkr-tests", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    admin
+        .create(&path, &vec![b'd'; 500_000], &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
+        .await
+        .unwrap();
+    let a = InterProcessMutex::new(client().await, &path).unwrap();
+    let b = InterProcessMutex::new(client().await, &path).unwrap();
+    let held = a.acquire().await.unwrap();
+    assert!(b.try_acquire().await.unwrap().is_none());
+    let waiter = tokio::spawn(async move { b.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+    assert_eq!(a.participants().await.unwrap().len(), 1);
+    got.release().await.unwrap();
+    assert_eq!(admin.get_data(&path).await.unwrap().0.len(), 500_000);
+}
+
+/// With the size check raised past what the server accepts (a wrong `max_request_bytes`), the
+/// server drops the connection at every create: the acquire ends with an error after a bounded
+/// number of tries instead of looping, and a hold on the same client that rides out short
+/// disconnections keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_dropped_by_the_server_every_time_is_an_error_not_a_loop() {
+    init_tracing();
+    let client = client().await;
+    let other = InterProcessMutex::builder(client.clone(), unique_path("big-other"))
+        .loss_policy(LossPolicy::SessionDeadline)
+        .build()
+        .unwrap();
+    let held = other.acquire().await.unwrap();
+    let big = InterProcessMutex::builder(client.clone(), unique_path("big"))
+        .max_request_bytes(4 << 20)
+        .node_data(vec![b'x'; 1_100_000])
+        .build()
+        .expect("the limit was raised");
+    let outcome = tokio::time::timeout(Duration::from_secs(20), big.acquire()).await;
+    let err = outcome.expect("acquire still retrying after 20 s").expect_err("an oversized create cannot succeed");
+    eprintln!("oversized create with a raised limit: {err}");
+    assert!(err.to_string().contains("dropped"), "{err}");
+    eventually(Duration::from_secs(5), "the other hold is held again", || async { held.state() == LockState::Held })
+        .await;
+    held.release().await.unwrap();
+}
+
+/// A fenced write the server refuses for ACLs is `NoAuth`, not `LockLost`: the lock is still held.
+#[tokio::test]
+async fn fenced_write_refused_by_acls_is_no_auth_and_the_lock_is_still_held() {
+    let admin = client().await;
+    let protected = unique_path("read-only");
+    admin.mkdir("/zkr-tests", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    admin.create(&protected, b"v1", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_read())).await.unwrap();
+    let path = unique_path("fenced-noauth");
+    let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    let mut write = guard.fenced_writer();
+    write.add_set_data(&protected, b"v2", None).unwrap();
+    let result = write.commit().await;
+    assert!(matches!(result, Err(FencedWriteError::NoAuth { index: Some(0) })), "{result:?}");
+    assert_eq!(guard.state(), LockState::Held);
+    assert_eq!(admin.get_data(&protected).await.unwrap().0, b"v1");
+    guard.release().await.unwrap();
+}
+
+/// A node ahead of ours that we may not read (a foreign child named like a lock node, with
+/// creator-only ACLs): the acquire ends with `NoAuth` after a few tries, instead of retrying for
+/// ever with a warning, and leaves no node behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predecessor_that_cannot_be_watched_ends_the_acquire_with_no_auth() {
+    let admin = client().await;
+    admin.auth("digest", b"owner:secret").await.unwrap();
+    let path = unique_path("unreadable");
+    admin.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let blocker = format!("{path}/lock-0000000000");
+    admin.create(&blocker, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all())).await.unwrap();
+    let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), mutex.acquire()).await;
+    let err = outcome.expect("acquire still retrying after 15 s").expect_err("cannot be granted");
+    assert!(matches!(err, Error::NoAuth { .. }), "{err:?}");
+    assert!(err.to_string().contains("lock-0000000000"), "{err}");
+    admin.delete(&blocker, None).await.unwrap();
+    assert_no_nodes_left(&admin, &path).await;
+}
+
+/// A create refused by the server (`NoAuth`) created nothing: cleanup does not go looking for a
+/// node, and logs no warning about one.
+#[test]
+fn refused_create_logs_nothing_about_a_node_that_never_existed() {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // One thread: every task (cleanup included) logs through this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let admin = client().await;
+        let path = unique_path("refused");
+        admin.mkdir("/zkr-tests", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+        admin.create(&path, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_read())).await.unwrap();
+        let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+        let err = mutex.acquire().await.unwrap_err();
+        assert!(matches!(err, Error::NoAuth { .. }), "{err:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    assert!(!logs.contains("cannot delete"), "a warning about a node that never existed:\n{logs}");
+    assert!(!logs.contains("abandoned acquire"), "cleanup went looking for a node that never existed:\n{logs}");
+}
+
+/// A hold whose session monitor stops (its runtime shuts down) is lost, not `Held` for ever.
+#[test]
+fn hold_whose_runtime_shut_down_is_lost() {
+    let setup = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let connect = setup.block_on(async { zookeeper().await.connect_string().to_owned() });
+    let path = unique_path("runtime-gone");
+    let app = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let guard = app.block_on(async {
+        let client =
+            zk::Client::connector().with_session_timeout(Duration::from_secs(4)).connect(&connect).await.unwrap();
+        InterProcessMutex::new(client, &path).unwrap().acquire().await.unwrap()
+    });
+    assert_eq!(guard.state(), LockState::Held);
+    drop(app);
+    assert_eq!(guard.state(), LockState::Lost(LossReason::MonitorStopped));
+    drop(guard);
+}
