@@ -18,9 +18,13 @@
 //!   `InterProcessMutex` included), grants in queue order, while sessions are alive.
 //! - **No leaked nodes**: every acquire method is cancel safe; abandoned nodes are deleted in the
 //!   background until gone or the session is dead, and only if they belong to our session.
-//! - **The holder is told**: [`LockGuard::state`] and [`LockGuard::lost`] report a lost lock
-//!   (session expired, connection lost under [`LossPolicy::Suspended`], session deadline passed
-//!   under [`LossPolicy::SessionDeadline`], node deleted by someone else); `Lost` is final.
+//! - **The holder is told, before anyone else is granted**: [`LockGuard::state`] and
+//!   [`LockGuard::lost`] report a lost lock (session expired, connection lost or stalled under
+//!   [`LossPolicy::Suspended`], the session's loss deadline passed — which happens before the
+//!   ZooKeeper leader can expire the session, also when our server is cut off from the leader —,
+//!   node deleted by someone else); `Lost` is final.
+//! - **Re-entry cannot break exclusion**: it happens only inside
+//!   [`InterProcessMutex::with_lock`] scopes; every other acquire queues.
 //! - **Fencing**: [`LockGuard::fencing_token`] increases with every holder, and
 //!   [`LockGuard::fenced_writer`] writes to ZooKeeper only while our lock node exists.
 //!

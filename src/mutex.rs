@@ -70,8 +70,9 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 /// }
 ///
 /// // A critical section with re-entry: nested acquires of `mutex` inside re-enter at once.
+/// let inner = mutex.clone();
 /// let total = mutex.with_lock(|guard| async move {
-///     let again = mutex.acquire().await?; // re-enters: same hold, same fencing token
+///     let again = inner.acquire().await?; // re-enters: same hold, same fencing token
 ///     assert_eq!(again.fencing_token(), guard.fencing_token());
 ///     Ok::<_, zk_recipes::Error>(42)
 /// }).await??;
