@@ -127,11 +127,11 @@ impl Drop for ContainerServer {
     }
 }
 
-fn short(id: &str) -> &str {
+pub(crate) fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }
 
-async fn container_log_tail(c: &ContainerAsync<GenericImage>) -> String {
+pub(crate) async fn container_log_tail(c: &ContainerAsync<GenericImage>) -> String {
     let out = c.stdout_to_vec().await.unwrap_or_default();
     let err = c.stderr_to_vec().await.unwrap_or_default();
     let text = format!("{}{}", String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
@@ -184,7 +184,7 @@ async fn image_exists(docker: &bollard::Docker, image: &str) -> bool {
     docker.inspect_image(image).await.is_ok()
 }
 
-async fn choose_image(docker: &bollard::Docker) -> Result<String, String> {
+pub(crate) async fn choose_image(docker: &bollard::Docker) -> Result<String, String> {
     let explicit = env_nonempty("ZK_IMAGE");
     let wanted = explicit.clone().unwrap_or_else(|| DEFAULT_IMAGE.to_string());
     if image_exists(docker, &wanted).await {
@@ -274,7 +274,7 @@ async fn start_container(image: &str, port: u16) -> Result<ContainerServer, Stri
 /// stdin pipe closes: normal exit, panic, `kill -9`). It is started before the first container
 /// is created, so a container is covered even while it is starting. Needs the `docker` CLI;
 /// without it, leftovers are removed by the next test process (`reap_stale_containers`).
-fn ensure_reaper() {
+pub(crate) fn ensure_reaper() {
     static REAPER: OnceLock<Option<Mutex<Child>>> = OnceLock::new();
     REAPER.get_or_init(|| {
         use std::os::unix::process::CommandExt;
@@ -286,7 +286,9 @@ fn ensure_reaper() {
             .arg(
                 "read _ignored; \
                  ids=$(docker ps -aq --filter \"label=$1=$2\" --filter \"label=$3=$4\" 2>/dev/null); \
-                 [ -n \"$ids\" ] && exec docker rm -f -v $ids >/dev/null 2>&1",
+                 [ -n \"$ids\" ] && docker rm -f -v $ids >/dev/null 2>&1; \
+                 nets=$(docker network ls -q --filter \"name=zk-testcontainers-$2-\" 2>/dev/null); \
+                 [ -n \"$nets\" ] && docker network rm $nets >/dev/null 2>&1; exit 0",
             )
             .arg("zk-testcontainers-reaper")
             .arg(LABEL_PID)
@@ -309,7 +311,7 @@ pub(crate) fn which(cmd: &str) -> bool {
 
 /// Removes containers labelled by this harness whose owning process (on this host) is gone.
 /// Runs once per process.
-async fn reap_stale_containers(docker: &bollard::Docker) {
+pub(crate) async fn reap_stale_containers(docker: &bollard::Docker) {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
         use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};

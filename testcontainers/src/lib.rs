@@ -30,9 +30,15 @@
 //! (`docker rm -f $(docker ps -aq --filter label=zk-testcontainers.owner-pid)` removes all).
 //!
 //! # Fault injection
-//! [`FaultProxy`] sits between a client and the server and can stall, cut or refuse
-//! connections, or lose the reply to a chosen request; [`expire_session`] expires a session on
-//! demand.
+//! [`FaultProxy`] sits between a client and the server and can stall (both ways or only
+//! client→server), cut or refuse connections, or lose the reply to a chosen request;
+//! [`expire_session`] expires a session on demand.
+//!
+//! # Ensembles
+//! [`Ensemble::start`] (or [`Ensemble::builder`] for `tickTime`, `initLimit`, `syncLimit`) runs
+//! several servers as containers on a Docker network of their own, with per-server stop, kill,
+//! pause, a zone partition (cut off from the other servers, clients still connected) and
+//! isolation from everyone. Ensembles need Docker (no local-process fallback).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), zk_testcontainers::HarnessError> {
@@ -45,6 +51,7 @@
 #![warn(missing_docs)]
 
 mod docker;
+mod ensemble;
 mod error;
 mod expire;
 mod local;
@@ -54,6 +61,7 @@ mod util;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+pub use ensemble::{Ensemble, EnsembleBuilder};
 pub use error::HarnessError;
 pub use proxy::{op, FaultProxy};
 /// Re-export of the client crate the harness hands out.
