@@ -59,6 +59,10 @@ impl Cleanup {
         Cleanup { client, runtime }
     }
 
+    pub(crate) fn client(&self) -> &zk::Client {
+        &self.client
+    }
+
     /// Remembers the current runtime, so a guard dropped outside of it can still clean up.
     pub(crate) fn remember_runtime(&self) {
         if self.runtime.get().is_none() {
@@ -125,7 +129,11 @@ async fn delete_until_gone(
             (Some(sent), _) => sent.await,
             (None, Target::Path(path)) => client.delete(path, None).await,
             (None, Target::Protected { dir, protection }) => match find_protected(&client, dir, protection).await {
-                Ok(Some(found)) => client.delete(&found.path, None).await,
+                // Deleted: look again, in case a create of the same attempt was applied late.
+                Ok(Some(found)) => match client.delete(&found.path, None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => continue,
+                    Err(err) => Err(err),
+                },
                 Ok(None) => Ok(()),
                 Err(err) => Err(err),
             },

@@ -91,9 +91,12 @@ enum Turn {
     NodeGone,
 }
 
-/// The engine: a lock directory on one client's session.
+/// The engine: a lock directory on one client, and that client's session monitor.
 #[derive(Debug)]
 pub(crate) struct LockInternals {
+    /// Deletes our unwanted nodes; holds the recipe's client (with its chroot), through which
+    /// every path is sent.
+    cleanup: Arc<Cleanup>,
     session: Session,
     dir: String,
     node_data: Vec<u8>,
@@ -101,11 +104,11 @@ pub(crate) struct LockInternals {
 
 impl LockInternals {
     pub(crate) fn new(client: &zk::Client, dir: String, node_data: Vec<u8>) -> LockInternals {
-        LockInternals { session: Session::of(client), dir, node_data }
+        LockInternals { cleanup: Arc::new(Cleanup::new(client.clone())), session: Session::of(client), dir, node_data }
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
-        self.session.client()
+        self.cleanup.client()
     }
 
     pub(crate) fn dir(&self) -> &str {
@@ -116,8 +119,8 @@ impl LockInternals {
         &self.session
     }
 
-    pub(crate) fn cleanup(&self) -> &Cleanup {
-        self.session.cleanup()
+    pub(crate) fn cleanup(&self) -> &Arc<Cleanup> {
+        &self.cleanup
     }
 
     /// One acquire attempt. `Ok(None)` only with [`Wait::No`] when the lock is taken.
@@ -128,7 +131,8 @@ impl LockInternals {
         // evidence that the session is alive (see `session.rs`).
         let _ticket = self.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
-        let mut pending = PendingNode::new(self.cleanup().clone(), &self.dir, protection.clone());
+        self.cleanup.remember_runtime();
+        let mut pending = PendingNode::new(Cleanup::clone(&self.cleanup), &self.dir, protection.clone());
         let prefix = format!("{}/{}{}", self.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
@@ -198,11 +202,15 @@ impl LockInternals {
                 Ok((stat, sequence)) => {
                     // A write is answered only once the leader committed it: evidence for the
                     // session's loss deadline, so a hold granted now needs no heartbeat first.
-                    self.session.leader_answered(sent);
+                    self.session.answered(sent, true);
                     let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
                     let listing = listing.await.and_then(Result::ok);
+                    if listing.is_some() {
+                        // Sent no earlier than the create: an answer a later round pairs with.
+                        self.session.answered(sent, false);
+                    }
                     let node = LockNode { path, sequence: sequence.into_i64(), czxid, view: None };
                     return Ok((node, listing));
                 },
@@ -226,7 +234,7 @@ impl LockInternals {
                 },
                 Err(zk::Error::Throttled) => backoff.wait().await,
                 Err(err) => {
-                    if !ever_unknown {
+                    if !ever_unknown && refused(&err) {
                         // Refused: no node exists that cleanup would have to look for.
                         pending.never_created();
                     }
@@ -421,6 +429,19 @@ impl LockInternals {
     }
 }
 
+/// Whether a create that failed with `err` was certainly not applied: the server refused it.
+fn refused(err: &zk::Error) -> bool {
+    matches!(
+        err,
+        zk::Error::NoAuth
+            | zk::Error::InvalidAcl
+            | zk::Error::NoChildrenForEphemerals
+            | zk::Error::NotReadOnly
+            | zk::Error::QuotaExceeded
+            | zk::Error::BadArguments(_)
+    ) || session_dead(err)
+}
+
 /// A data watch on a lock node, resolving when it fires. The watch request is sent when the
 /// future is first polled.
 pub(crate) struct NodeWatch {
@@ -455,20 +476,40 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
     let fired = Box::pin(async move {
         let mut backoff = Backoff::new();
         let mut refusals = 0;
+        // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
+        // to a session without READ. Its directory's children are watched instead.
+        let mut readable = true;
         loop {
-            match client.get_and_watch_data(&path).await {
-                Ok((_, _, watcher)) => {
+            let watched = if readable {
+                client.get_and_watch_data(&path).await.map(|(_, _, watcher)| Some(watcher))
+            } else {
+                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path.as_str()));
+                let dir = if dir.is_empty() { "/" } else { dir };
+                client
+                    .list_and_watch_children(dir)
+                    .await
+                    .map(|(children, watcher)| children.iter().any(|child| child == name).then_some(watcher))
+            };
+            match watched {
+                Ok(Some(watcher)) => {
                     set.store(true, Ordering::SeqCst);
                     let event = watcher.changed().await;
-                    return match event.event_type {
-                        zk::EventType::NodeDeleted => Watched::Deleted,
+                    match event.event_type {
+                        zk::EventType::NodeDeleted => return Watched::Deleted,
                         zk::EventType::Session if event.session_state.is_terminated() => {
-                            Watched::SessionDead(event.session_state)
+                            return Watched::SessionDead(event.session_state)
                         },
-                        _ => Watched::Other,
-                    };
+                        // The directory changed: look whether the node is still listed.
+                        zk::EventType::NodeChildrenChanged => continue,
+                        _ => return Watched::Other,
+                    }
                 },
-                Err(zk::Error::NoNode) => return Watched::Deleted,
+                // Gone (a children watch left armed is removed with its watcher).
+                Ok(None) | Err(zk::Error::NoNode) => return Watched::Deleted,
+                Err(zk::Error::NoAuth) if readable => {
+                    debug!(path, "lock node not readable; watching its directory instead");
+                    readable = false;
+                },
                 Err(err) if transient(&err) => backoff.wait().await,
                 Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
                 Err(err) => {

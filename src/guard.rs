@@ -76,8 +76,7 @@ impl LockGuard {
     /// [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline)) or `Lost(reason)`.
     /// `Lost` is final.
     pub fn state(&self) -> LockState {
-        self.mutex.internals.session().interest(&self.hold.feed);
-        self.hold.state()
+        self.mutex.internals.session().state(&self.hold.feed)
     }
 
     /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
@@ -96,7 +95,7 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) -> LossReason {
-        self.mutex.internals.session().interest(&self.hold.feed);
+        self.mutex.internals.session().state(&self.hold.feed);
         let mut state = self.hold.feed.subscribe();
         let reason = match state.wait_for(|state| matches!(state, LockState::Lost(_))).await {
             Ok(state) => match *state {
@@ -115,7 +114,7 @@ impl LockGuard {
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
     /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
-        self.mutex.internals.session().interest(&self.hold.feed);
+        self.mutex.internals.session().state(&self.hold.feed);
         FencedWriter::new(self, self.mutex.internals.client())
     }
 

@@ -108,12 +108,6 @@ pub(crate) struct Hold {
     pub(crate) feed: Arc<HoldFeed>,
 }
 
-impl Hold {
-    pub(crate) fn state(&self) -> LockState {
-        self.feed.state()
-    }
-}
-
 #[derive(Debug)]
 struct HoldEntry {
     hold: Arc<Hold>,
@@ -352,7 +346,7 @@ impl InterProcessMutex {
     /// Another guard of `hold` (re-entry); fails if the hold was lost, `None` if every guard of
     /// it is already released (its node is gone: it cannot be re-entered).
     fn reenter_hold(&self, hold: &Arc<Hold>) -> Result<Option<LockGuard>> {
-        if let LockState::Lost(reason) = hold.state() {
+        if let LockState::Lost(reason) = self.inner.internals.session().state(&hold.feed) {
             return Err(Error::LockLost { path: self.path().to_owned(), reason });
         }
         let mut holds = self.holds();
@@ -368,7 +362,8 @@ impl InterProcessMutex {
     }
 
     fn register(&self, Grant { node, own_watch }: Grant) -> LockGuard {
-        let feed = self.inner.internals.session().track(node.path.clone(), self.inner.loss_policy, own_watch);
+        let internals = &self.inner.internals;
+        let feed = internals.session().track(internals.cleanup(), node.path.clone(), self.inner.loss_policy, own_watch);
         let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hold = Arc::new(Hold { id, node, feed });
         self.holds().insert(id, HoldEntry { hold: hold.clone(), guards: 1 });

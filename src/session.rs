@@ -6,13 +6,12 @@
 //! (not once per hold), and turns it into each hold's [`LockState`]:
 //!
 //! 1. It follows the client's session state (`Client::state_watcher`).
-//! 2. While anyone acquires or holds a lock on the session, it sends a heartbeat round (a
-//!    `sync`) every `T/5` after the previous answer, and derives the **loss deadline** from the
-//!    answers (below). Every other answered write of ours (a lock node's create) counts as such a
-//!    round too, so a hold granted at once never waits for a heartbeat.
+//! 2. While anyone acquires or holds a lock on the session (and for T after), it sends a heartbeat
+//!    round (a `sync`) `0.22 T` after the previous answer, and derives the **loss deadline** from
+//!    the answers (below). The engine's creates count as rounds too, and its listings as answers.
 //! 3. It tells every hold its state: `Lost(reason)` once the session is dead, the deadline has
 //!    passed, or (under [`LossPolicy::Suspended`]) the connection is lost or stalled; under
-//!    [`LossPolicy::SessionDeadline`] a lost or stalled connection is only `Suspended`. A hold told
+//!    [`LossPolicy::SessionDeadline`] a lost connection is only `Suspended`. A hold told
 //!    it is lost because of the connection or the deadline has its node deleted should the
 //!    session come back, so no waiter waits for a lock its holder gave up.
 //! 4. Each hold watches its own node (a data watch, set when the holder first looks at its state,
@@ -30,47 +29,58 @@
 //! for up to `syncLimit × tickTime` — so an answer from our server proves nothing about the
 //! leader. A `sync` (or a write) is different: the follower forwards it to the leader and answers
 //! only once the leader did. We call such a request, sent at local time `s` and answered at `r`,
-//! a *round*.
+//! a *leader round*; any other answered request of ours (a read) is just an *answer*.
 //!
 //! **Assumptions.** (A1) While a follower's forwarded requests are answered by the leader, the
-//! leader's pings reach it at most `G = T/5` apart: `tickTime/2` plus delivery jitter, which holds
-//! when `tickTime ≤ T/3` (ZooKeeper's default `minSessionTimeout` is `2 × tickTime`; the sample
-//! config's 2 s tick with a 6 s session is exactly `T/3`). (A2) The session sends its server
-//! something at least every `P = T/5` while connected: our heartbeats while the monitor runs, and
-//! otherwise the client library's own pings (`zookeeper-client` pings after `0.15 T` of silence,
-//! checked every `0.05 T`). (A3) The local monotonic clock and the leader's run at rates within
-//! 10 % of each other over an interval of T. Messages cannot arrive before they are sent.
+//! leader's pings reach it at most `G = 0.22 T` (on our clock) apart: `tickTime/2` plus delivery
+//! jitter, which holds when `tickTime ≤ T/3` (ZooKeeper's default `minSessionTimeout` is
+//! `2 × tickTime`; the sample config's 2 s tick with a 6 s session is exactly `T/3`, leaving
+//! 0.03 T for jitter and clock rate). (A3) The local monotonic clock and the leader's run at rates
+//! within 10 % of each other over an interval of T. (A4) A leader that lost its quorum stops
+//! answering no later than its successor takes over, give or take 0.1 T (a deposed leader
+//! answers syncs until it notices, about `syncLimit` ticks after losing its followers; they elect
+//! a successor after the same `syncLimit` ticks). Messages cannot arrive before they are sent.
 //!
-//! **Claim.** If round `k` is answered, the leader has a touch of our session made no earlier
-//! than `E_k = max(s_j, s_k − G − P)`, where `j` is the latest answered round with `r_j ≤ s_k − G`.
+//! **Claim.** If leader round `k` is answered, the leader has a touch of our session made no
+//! earlier than `s_j`, where `j` is any answered request of ours with `r_j ≤ s_k − G`.
 //!
 //! *Proof.* The follower received round `k` at `f_k ≥ s_k` and forwarded it; the leader answered,
 //! so by (A1) the follower got a ping in `[f_k − G, f_k]` and sent the reply — with every touch it
-//! had made until then — ahead of forwarding round `k` on the same ordered stream. (i) Round `j`
-//! was received at `f_j ≤ r_j ≤ s_k − G ≤ f_k − G`, so its touch, made at `f_j ≥ s_j`, was in
-//! that reply or an earlier one. If the client switched servers between `j` and `k`, the new
-//! server revalidated the session with the leader, which touches it at the leader after `r_j`.
-//! (ii) By (A2) the follower received something of ours in `[f_k − G − P, f_k − G]`, touched then,
-//! so at or after `s_k − G − P`. ∎
+//! had made until then — ahead of forwarding round `k` on the same ordered stream. Request `j` was
+//! received at `f_j ≤ r_j ≤ s_k − G ≤ f_k − G`, so its touch, made at `f_j ≥ s_j`, was in that
+//! reply or an earlier one. If the client switched servers between `j` and `k`, the new server
+//! revalidated the session with the leader, which touches it at the leader after `r_j`. ∎
 //!
-//! So the leader cannot expire us before `E + T` (its clock). We declare the deadline passed at
-//! `E + 0.9 T` on our clock, which by (A3) is earlier; the next holder is granted only after the
-//! expiry has been committed and its watch fired, later still. **The holder is told before the
-//! leader can expire the session, so before anyone else can be granted the lock** — also when
-//! its server is a follower cut off from the leader that keeps answering it (the zone partition
-//! of `tests/ensemble.rs`), where the connection looks healthy throughout. Rounds are scheduled
-//! `T/5` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
-//! deadline sits about `0.5 T` ahead of the latest answer, and a heartbeat must be late by about
-//! that much before a healthy session is declared lost.
+//! So the leader cannot expire us before `E + T` (its clock), `E` the latest such `s_j`. We
+//! declare the deadline passed at `E + 0.9 T` on our clock, which by (A3) is earlier; the next
+//! holder is granted only after the expiry has been committed and its watch fired, later still.
+//! **The holder is told before the leader can expire the session, so before anyone else can be
+//! granted the lock** — also when its server is a follower cut off from the leader that keeps
+//! answering it (the zone partition of `tests/ensemble.rs`), where the connection looks healthy
+//! throughout. Heartbeat rounds are sent `G` after the previous answer, so `r_{k−1} ≤ s_k − G`
+//! and in steady state `E = s_{k−1}`: the deadline sits about `0.68 T` after the latest send, and a
+//! heartbeat must be late by almost half of T before a healthy session is declared lost. The
+//! monitor keeps heartbeating for T after the session's last acquire or hold, so a session in use
+//! always has evidence.
+//!
+//! **Cold start.** The first leader round of an idle session has no earlier answer to pair with.
+//! Until a second one is answered (`G` later), the deadline counts from `s_k − 2G` instead,
+//! which additionally assumes (A2) that the session's requests reached its server in the `2G`
+//! before `s_k` — true unless the client→server direction stalled while the server kept sending
+//! (the client library pings after `0.15 T` of silence, and gives up on a connection that
+//! delivers nothing for `0.4 T`). This window lasts about `G` once per idle period.
 //!
 //! The deadline is per session, not per hold: a hold granted on a watch event (which sent no
 //! request) inherits the session's evidence, which is no fresher than the last round actually
-//! answered — never the grant instant.
+//! answered — never the grant instant. A hold's state is also re-evaluated whenever it is read,
+//! so a busy runtime that starves the monitor cannot make it say `Held` past the deadline.
 //!
-//! **Stalls.** Under [`LossPolicy::Suspended`] a connection on which no round has been answered for
-//! `0.4 T` counts as lost, like one the client library gave up on (it does so after `0.4 T` without
-//! receiving a byte; a server that stops answering while still sending — watch events, or a
-//! one-way partition — never trips that).
+//! **Stalls and blips.** Under [`LossPolicy::Suspended`] a connection on which no round has been
+//! answered for `0.4 T`, or a round has been outstanding for `0.25 T`, counts as lost, like one
+//! the client library gave up on (it does so after `0.4 T` without receiving a byte; a server that
+//! stops answering while still sending — watch events, a one-way partition — never trips that).
+//! So does a disconnection however short, also one seen only as a heartbeat failing with
+//! `ConnectionLoss` or as a state change back to the same state.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -86,15 +96,15 @@ use zookeeper_client as zk;
 
 use crate::cleanup::{Cleanup, Target};
 use crate::engine::{watch_node, NodeWatch, Watched};
-use crate::error::{session_dead, Error, Result};
+use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::state::{LockState, LossPolicy, LossReason};
 
 /// How long a hold nobody asked about goes without a watch on its own node.
 pub(crate) const OWN_NODE_WATCH_DELAY: Duration = Duration::from_millis(100);
 
-/// Heartbeat period, and (A1)'s `G` and (A2)'s `P`: `T/5`.
-fn fifth(t: Duration) -> Duration {
-    t / 5
+/// (A1)'s `G`, and the pause between an answered heartbeat and the next: `0.22 T`.
+fn report_lag(t: Duration) -> Duration {
+    t * 11 / 50
 }
 
 /// The deadline: `E + 0.9 T`.
@@ -102,20 +112,18 @@ fn deadline_after(evidence: Instant, t: Duration) -> Instant {
     evidence + t * 9 / 10
 }
 
-/// Without an answered round for this long, a connection counts as stalled (the client library
-/// gives up on a connection after `0.4 T` without receiving a byte).
+/// Without an answer for this long, a connection counts as stalled (the client library gives up
+/// on a connection after `0.4 T` without receiving a byte).
 fn stall_after(t: Duration) -> Duration {
     t * 2 / 5
 }
 
-/// A round outstanding for this long also means a stalled connection: rounds are sent `T/5`
-/// after the previous answer, so with both rules a stall is noticed at most `0.4 T` after the
-/// last byte of an answer could have left the server.
+/// A round outstanding for this long also means a stalled connection.
 fn round_stall_after(t: Duration) -> Duration {
     t / 4
 }
 
-/// The monitor of one ZooKeeper session. Cheap to clone; every lock recipe on a client shares it.
+/// The monitor of one ZooKeeper session. Cheap to clone; every lock recipe on a session shares it.
 #[derive(Clone)]
 pub(crate) struct Session {
     shared: Arc<Shared>,
@@ -131,9 +139,10 @@ struct Shared {
     id: i64,
     /// The runtime the monitor and the own-node watches run on (the first acquire's).
     runtime: OnceLock<tokio::runtime::Handle>,
+    /// A client of the session, for heartbeats and its state only: paths are always sent
+    /// through the recipe's own client, whose chroot may differ.
     client: zk::Client,
     timeout: Duration,
-    cleanup: Cleanup,
     inner: Mutex<Inner>,
     /// Wakes the monitor task: users, holds or evidence changed.
     wake: Notify,
@@ -145,10 +154,12 @@ struct Inner {
     running: bool,
     /// Acquires in flight.
     acquires: usize,
+    /// When the last acquire or hold ended (the monitor lingers for T after it).
+    idle_since: Option<Instant>,
     holds: HashMap<u64, Arc<HoldFeed>>,
     next_hold: u64,
-    /// Answered rounds of the last T, oldest first.
-    rounds: VecDeque<Round>,
+    /// Answered requests of the last T, by send time.
+    answers: VecDeque<Answer>,
     health: Health,
     /// What the holds were last told, to re-evaluate them only when it changes.
     told: Option<Class>,
@@ -157,7 +168,7 @@ struct Inner {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Round {
+struct Answer {
     sent: Instant,
     answered: Instant,
 }
@@ -167,11 +178,11 @@ struct Round {
 struct Health {
     connected: bool,
     terminal: Option<LossReason>,
-    /// The loss deadline (`None` until a first round was answered).
+    /// The loss deadline (`None` until a first leader round was answered).
     deadline: Option<Instant>,
-    /// The last answered round on the current connection (or when it was established).
+    /// The last answer on the current connection (or when it was established).
     last_answer: Option<Instant>,
-    /// When the round in flight, if any, was sent.
+    /// When the heartbeat in flight, if any, was sent.
     in_flight_since: Option<Instant>,
 }
 
@@ -219,7 +230,8 @@ fn verdict(class: Class, policy: LossPolicy) -> LockState {
             LockState::Lost(LossReason::ConnectionSuspended)
         },
         (Class::Disconnected, LossPolicy::SessionDeadline) => LockState::Suspended,
-        // The deadline covers a connection that stays up but stops answering.
+        // Under `SessionDeadline` the deadline covers a connection that stays up but stops
+        // answering.
         (Class::Stalled | Class::Healthy, _) => LockState::Held,
     }
 }
@@ -229,6 +241,8 @@ pub(crate) struct HoldFeed {
     id: u64,
     path: String,
     policy: LossPolicy,
+    /// Deletes the node through the recipe's own client (its chroot) when the hold is lost.
+    cleanup: Arc<Cleanup>,
     state: watch::Sender<LockState>,
     /// Set when the owner released the hold (before the node's delete is sent): from then on
     /// nothing that happens to the node is a loss.
@@ -244,12 +258,12 @@ impl std::fmt::Debug for HoldFeed {
 }
 
 impl HoldFeed {
-    pub(crate) fn state(&self) -> LockState {
-        *self.state.borrow()
-    }
-
     pub(crate) fn subscribe(&self) -> watch::Receiver<LockState> {
         self.state.subscribe()
+    }
+
+    fn current(&self) -> LockState {
+        *self.state.borrow()
     }
 
     fn is_released(&self) -> bool {
@@ -272,6 +286,19 @@ impl HoldFeed {
             warn!(lock_node = self.path, %reason, "lock lost");
         }
         newly_lost
+    }
+
+    /// Tells the hold its verdict; a hold lost to the connection or the deadline gives up its
+    /// node.
+    fn apply(&self, state: LockState) {
+        if self.tell(state) {
+            if let LockState::Lost(LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed) = state {
+                // If the same session comes back, nobody must wait for a node whose holder was
+                // told it lost the lock. The delete queues until the connection is back, or fails
+                // harmlessly if the session is gone.
+                self.cleanup.delete(Target::Path(self.path.clone()));
+            }
+        }
     }
 }
 
@@ -302,7 +329,6 @@ impl Session {
             runtime: OnceLock::new(),
             client: client.clone(),
             timeout: client.session_timeout(),
-            cleanup: Cleanup::new(client.clone()),
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
         });
@@ -310,19 +336,10 @@ impl Session {
         Session { shared }
     }
 
-    pub(crate) fn client(&self) -> &zk::Client {
-        &self.shared.client
-    }
-
-    pub(crate) fn cleanup(&self) -> &Cleanup {
-        &self.shared.cleanup
-    }
-
     /// Registers an acquire in flight (the monitor heartbeats while there is one), starting the
     /// monitor if needed. Fails if the current runtime cannot run it.
     pub(crate) fn begin_acquire(&self) -> Result<AcquireTicket> {
         check_runtime()?;
-        self.shared.cleanup.remember_runtime();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let _ = self.shared.runtime.set(handle);
         }
@@ -334,26 +351,33 @@ impl Session {
         Ok(AcquireTicket { shared: self.shared.clone() })
     }
 
-    /// Records a request of ours that the leader answered (a write, or a `sync`) sent at `sent`.
-    pub(crate) fn leader_answered(&self, sent: Instant) {
+    /// Records an answered request of ours: sent at `sent`, answered now. `leader` if the leader
+    /// answered it (a write or a `sync`), not only our server (a read).
+    pub(crate) fn answered(&self, sent: Instant, leader: bool) {
         let mut inner = lock(&self.shared.inner);
-        inner.answered(Round { sent, answered: Instant::now() }, self.shared.timeout);
+        inner.answered(Answer { sent, answered: Instant::now() }, leader, self.shared.timeout);
         drop(inner);
         self.shared.wake.notify_one();
     }
 
-    /// Starts tracking a granted hold of the node `path`. `own_watch` is the watch on it set while
-    /// waiting, if any.
-    pub(crate) fn track(&self, path: String, policy: LossPolicy, own_watch: Option<NodeWatch>) -> Arc<HoldFeed> {
+    /// Starts tracking a granted hold of the node `path` (deleted through `cleanup` if the hold
+    /// is lost). `own_watch` is the watch on it set while waiting, if any.
+    pub(crate) fn track(
+        &self,
+        cleanup: &Arc<Cleanup>,
+        path: String,
+        policy: LossPolicy,
+        own_watch: Option<NodeWatch>,
+    ) -> Arc<HoldFeed> {
         let now = Instant::now();
         let mut inner = lock(&self.shared.inner);
         let id = inner.next_hold;
         inner.next_hold += 1;
-        let class = inner.health.class(self.shared.timeout, now);
         let feed = Arc::new(HoldFeed {
             id,
             path,
             policy,
+            cleanup: cleanup.clone(),
             state: watch::Sender::new(LockState::Held),
             released: AtomicBool::new(false),
             watching: AtomicBool::new(own_watch.is_some()),
@@ -362,10 +386,10 @@ impl Session {
         if own_watch.is_none() {
             inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
         }
+        self.ensure_running(&mut inner);
         // Granted on a session we cannot vouch for (dead, deadline passed, or connection lost
         // under `Suspended`): lost at once, and the node given up.
-        self.shared.apply(&feed, verdict(class, policy));
-        self.ensure_running(&mut inner);
+        feed.apply(verdict(inner.health.class(self.shared.timeout, now), policy));
         drop(inner);
         if let Some(watch) = own_watch {
             self.spawn_own_watch(&feed, Some(watch));
@@ -374,22 +398,34 @@ impl Session {
         feed
     }
 
-    /// The holder looks at its state: make sure its node is watched.
-    pub(crate) fn interest(&self, feed: &Arc<HoldFeed>) {
+    /// The hold's state now: re-evaluated against the clock (the monitor may not have run yet),
+    /// and the own-node watch started if it was not.
+    pub(crate) fn state(&self, feed: &Arc<HoldFeed>) -> LockState {
         if !feed.watching.load(Ordering::Relaxed) {
             self.spawn_own_watch(feed, None);
         }
+        if !matches!(feed.current(), LockState::Lost(_)) {
+            let inner = lock(&self.shared.inner);
+            feed.apply(verdict(inner.health.class(self.shared.timeout, Instant::now()), feed.policy));
+        }
+        feed.current()
     }
 
     /// The owner released the hold: nothing that happens to its node is a loss any more. Call
     /// before sending the node's delete.
     pub(crate) fn release(&self, feed: &HoldFeed) {
         feed.released.store(true, Ordering::SeqCst);
-        lock(&self.shared.inner).holds.remove(&feed.id);
+        let mut inner = lock(&self.shared.inner);
+        inner.holds.remove(&feed.id);
+        if inner.acquires == 0 && inner.holds.is_empty() {
+            inner.idle_since = Some(Instant::now());
+        }
+        drop(inner);
         self.shared.wake.notify_one();
     }
 
     fn ensure_running(&self, inner: &mut Inner) {
+        inner.idle_since = None;
         if inner.running {
             return;
         }
@@ -401,14 +437,17 @@ impl Session {
         inner.health.connected = connected;
         inner.health.last_answer = connected.then(Instant::now);
         inner.health.in_flight_since = None;
-        self.shared.spawn(monitor(self.shared.clone()));
+        // Made before the task is spawned: should the task never run (a runtime shutting down),
+        // dropping it still tells the holds.
+        let stop = StopGuard { shared: self.shared.clone(), finished: false };
+        self.shared.spawn(monitor(self.shared.clone(), stop));
     }
 
     fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) {
         if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
             return;
         }
-        let client = self.shared.client.clone();
+        let client = feed.cleanup.client().clone();
         let path = feed.path.clone();
         let feed = Arc::downgrade(feed);
         self.shared.spawn(async move {
@@ -444,27 +483,39 @@ pub(crate) struct AcquireTicket {
 
 impl Drop for AcquireTicket {
     fn drop(&mut self) {
-        lock(&self.shared.inner).acquires -= 1;
+        let mut inner = lock(&self.shared.inner);
+        inner.acquires -= 1;
+        if inner.acquires == 0 && inner.holds.is_empty() {
+            inner.idle_since = Some(Instant::now());
+        }
+        drop(inner);
         self.shared.wake.notify_one();
     }
 }
 
 impl Inner {
-    /// Takes in an answered round and moves the deadline (see the module docs for the rule).
-    fn answered(&mut self, round: Round, t: Duration) {
-        let g = fifth(t);
-        let two_rounds = self.rounds.iter().rev().find(|j| j.answered + g <= round.sent).map(|j| j.sent);
-        let one_round = round.sent.checked_sub(g + fifth(t));
-        let evidence = two_rounds.max(one_round);
-        if let Some(evidence) = evidence {
-            let deadline = deadline_after(evidence, t);
-            self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
+    /// Takes in an answered request and moves the deadline (see the module docs for the rule).
+    fn answered(&mut self, answer: Answer, leader: bool, t: Duration) {
+        if leader {
+            let g = report_lag(t);
+            let paired = self.answers.iter().rev().find(|j| j.answered + g <= answer.sent).map(|j| j.sent);
+            // Cold start (A2): no earlier answer to pair with.
+            let evidence = paired.or_else(|| answer.sent.checked_sub(g * 2));
+            if let Some(evidence) = evidence {
+                let deadline = deadline_after(evidence, t);
+                self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
+            }
         }
-        self.health.last_answer = Some(self.health.last_answer.map_or(round.answered, |a| a.max(round.answered)));
-        let at = self.rounds.partition_point(|j| j.sent <= round.sent);
-        self.rounds.insert(at, round);
-        while self.rounds.front().is_some_and(|oldest| oldest.answered + t < round.answered) {
-            self.rounds.pop_front();
+        self.health.last_answer = Some(self.health.last_answer.map_or(answer.answered, |a| a.max(answer.answered)));
+        let at = self.answers.partition_point(|j| j.sent <= answer.sent);
+        self.answers.insert(at, answer);
+        // Keep what a future round can pair with: the latest answers of the last T.
+        while self.answers.len() > 1 && self.answers.front().is_some_and(|oldest| oldest.answered + t < answer.answered)
+        {
+            self.answers.pop_front();
+        }
+        if self.answers.len() > 64 {
+            self.answers.pop_front();
         }
     }
 }
@@ -480,32 +531,19 @@ impl Shared {
         }
     }
 
-    /// Tells `feed` its verdict; a hold lost to the connection or the deadline gives up its node.
-    fn apply(&self, feed: &HoldFeed, state: LockState) {
-        if feed.tell(state) {
-            if let LockState::Lost(LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed) = state {
-                // If the same session comes back, nobody must wait for a node whose holder was
-                // told it lost the lock. The delete queues until the connection is back, or fails
-                // harmlessly if the session is gone.
-                self.cleanup.delete(Target::Path(feed.path.clone()));
-            }
-        }
-    }
-
     /// Re-evaluates every hold if the session's condition changed since they were last told.
-    fn tell_holds(&self, now: Instant) {
+    fn tell_holds(&self, class: Class) {
         let mut inner = lock(&self.inner);
-        let class = inner.health.class(self.timeout, now);
         if inner.told == Some(class) {
             return;
         }
         inner.told = Some(class);
         debug!(session = format_args!("{:#x}", self.id), ?class, "session condition");
         for feed in inner.holds.values() {
-            self.apply(feed, verdict(class, feed.policy));
+            feed.apply(verdict(class, feed.policy));
         }
         // Lost holds need no more attention.
-        inner.holds.retain(|_, feed| !matches!(feed.state(), LockState::Lost(_)));
+        inner.holds.retain(|_, feed| !matches!(feed.current(), LockState::Lost(_)));
     }
 }
 
@@ -535,16 +573,17 @@ fn check_runtime() -> Result<()> {
     Ok(())
 }
 
-type Round2 = Pin<Box<dyn Future<Output = (Instant, std::result::Result<(), zk::Error>)> + Send>>;
+type Heartbeat = Pin<Box<dyn Future<Output = (Instant, std::result::Result<(), zk::Error>)> + Send>>;
 
-async fn poll_round(round: &mut Option<Round2>) -> (Instant, std::result::Result<(), zk::Error>) {
-    match round.as_mut() {
-        Some(round) => round.await,
+async fn poll_heartbeat(heartbeat: &mut Option<Heartbeat>) -> (Instant, std::result::Result<(), zk::Error>) {
+    match heartbeat.as_mut() {
+        Some(heartbeat) => heartbeat.await,
         None => std::future::pending().await,
     }
 }
 
-/// Marks every hold lost if the monitor task ends any other way than by finishing its work.
+/// Marks every hold lost if the monitor task ends (or never starts) any other way than by
+/// finishing its work.
 struct StopGuard {
     shared: Arc<Shared>,
     finished: bool,
@@ -572,30 +611,32 @@ impl Drop for StopGuard {
     }
 }
 
-/// The monitor task of one session: runs while acquires or holds exist.
-async fn monitor(shared: Arc<Shared>) {
-    let mut stop = StopGuard { shared: shared.clone(), finished: false };
+/// The monitor task of one session: runs while acquires or holds exist, and T after.
+async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
     let t = shared.timeout;
     let client = shared.client.clone();
     let mut states = client.state_watcher();
-    let mut round: Option<Round2> = None;
-    let mut next_round = Instant::now();
+    let mut seen = states.state();
+    let mut heartbeat: Option<Heartbeat> = None;
+    let mut next_heartbeat = Instant::now();
+    // A disconnection too short for the state to show it when we look.
+    let mut blip = false;
     loop {
         let now = Instant::now();
-        let session_state = states.state();
-        let (wake_at, heartbeat) = {
+        let (wake_at, send, class) = {
             let mut inner = lock(&shared.inner);
-            let connected = session_state == zk::SessionState::SyncConnected;
-            if connected && !inner.health.connected {
+            let connected = seen == zk::SessionState::SyncConnected;
+            if connected && (!inner.health.connected || blip) {
                 // A (re)established connection: nothing answered on it yet.
                 inner.health.last_answer = Some(now);
-                next_round = now;
+                next_heartbeat = now;
             }
             inner.health.connected = connected;
-            if session_state.is_terminated() {
-                inner.health.terminal = Some(terminal_reason(session_state));
+            if seen.is_terminated() {
+                inner.health.terminal = Some(terminal_reason(seen));
             }
-            if inner.acquires == 0 && inner.holds.is_empty() {
+            let idle_for_long = inner.idle_since.is_some_and(|since| now >= since + t);
+            if inner.acquires == 0 && inner.holds.is_empty() && (idle_for_long || inner.health.terminal.is_some()) {
                 // Done; the next acquire starts a new task (the evidence stays with the session).
                 inner.running = false;
                 stop.finished = true;
@@ -608,51 +649,63 @@ async fn monitor(shared: Arc<Shared>) {
                     due.extend(feed.upgrade());
                 }
             }
-            let heartbeat = round.is_none() && now >= next_round && inner.health.terminal.is_none();
+            let send = heartbeat.is_none() && now >= next_heartbeat && inner.health.terminal.is_none();
+            if send {
+                inner.health.in_flight_since = Some(now);
+            }
             let health = inner.health;
             let wake_at = [
                 health.deadline,
                 health.stalled_at(t),
                 inner.watch_queue.front().map(|(at, _)| *at),
-                (round.is_none() && !heartbeat).then_some(next_round),
+                (heartbeat.is_none() && !send).then_some(next_heartbeat),
+                inner.idle_since.map(|since| since + t),
             ]
             .into_iter()
             .flatten()
             .filter(|at| *at > now)
             .min()
             .unwrap_or(now + t);
+            let class = if blip && health.terminal.is_none() { Class::Disconnected } else { health.class(t, now) };
             drop(inner);
             let session = Session { shared: shared.clone() };
             for feed in due.into_iter().filter(|feed| !feed.is_released()) {
-                session.interest(&feed);
+                session.spawn_own_watch(&feed, None);
             }
-            (wake_at, heartbeat)
+            (wake_at, send, class)
         };
-        shared.tell_holds(now);
-        if heartbeat {
+        shared.tell_holds(class);
+        if blip {
+            // Told; from now on the holds follow the session's condition again.
+            blip = false;
+            continue;
+        }
+        if send {
             // Recorded before the request leaves: the evidence can only be older than the truth.
             let sent = Instant::now();
-            lock(&shared.inner).health.in_flight_since = Some(sent);
             let client = client.clone();
-            round = Some(Box::pin(async move { (sent, client.sync("/").await) }));
+            heartbeat = Some(Box::pin(async move { (sent, client.sync("/").await) }));
         }
         tokio::select! {
             _ = shared.wake.notified() => {},
-            _ = states.changed() => {},
-            (sent, result) = poll_round(&mut round) => {
-                round = None;
+            state = states.changed() => {
+                // A change that leaves the state as it was went through another state.
+                blip = state == seen && state == zk::SessionState::SyncConnected;
+                seen = state;
+            },
+            (sent, result) = poll_heartbeat(&mut heartbeat) => {
+                heartbeat = None;
                 lock(&shared.inner).health.in_flight_since = None;
+                let answered = Instant::now();
                 match result {
                     Ok(()) => {
-                        let mut inner = lock(&shared.inner);
-                        let answered = Instant::now();
-                        inner.answered(Round { sent, answered }, t);
-                        next_round = answered + fifth(t);
+                        lock(&shared.inner).answered(Answer { sent, answered }, true, t);
+                        next_heartbeat = answered + report_lag(t);
                     },
-                    Err(err) if session_dead(&err) => debug!(%err, "heartbeat: session is gone"),
                     Err(err) => {
                         debug!(%err, "heartbeat not answered");
-                        next_round = Instant::now() + fifth(t) / 4;
+                        blip = outcome_unknown(&err) && !session_dead(&err);
+                        next_heartbeat = answered + report_lag(t) / 4;
                     },
                 }
             },

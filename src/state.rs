@@ -5,13 +5,13 @@
 /// Whether a lock is still held, as far as this process can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockState {
-    /// Held: the session is connected and answering, the ZooKeeper leader was heard from recently
-    /// enough that it cannot have expired the session, and our node exists (as far as its watch
-    /// told us).
+    /// Held: the ZooKeeper leader was heard from recently enough that it cannot have expired the
+    /// session, our node exists (as far as its watch told us), and — under
+    /// [`LossPolicy::Suspended`] — the connection is up and answering.
     Held,
-    /// The connection is down or stalled but, under [`LossPolicy::SessionDeadline`], the session's
-    /// loss deadline has not passed: the lock is probably still ours. Only that policy reports
-    /// this state.
+    /// The connection is down but, under [`LossPolicy::SessionDeadline`], the session's loss
+    /// deadline has not passed: the lock is probably still ours. Only that policy reports this
+    /// state (a connection that is up but stops answering stays `Held` until the deadline).
     Suspended,
     /// The lock can no longer be trusted. Final: a lost guard never returns to `Held`.
     Lost(LossReason),
@@ -71,15 +71,16 @@ pub enum LossPolicy {
     #[default]
     Suspended,
     /// Ride out short disconnections: the lock is [`LockState::Suspended`] while the connection is
-    /// down or stalled and `Held` again if it comes back in time, but it is
+    /// down and `Held` again if it comes back in time, but it is
     /// [`LossReason::SessionDeadlinePassed`] once the session's loss deadline passes.
     ///
     /// Under both policies the deadline is `E + 0.9 × T` on the monotonic clock, where `E` is a
     /// moment at which the ZooKeeper *leader* — the only server that expires sessions — provably
     /// knew our session was alive: the session monitor sends a `sync` (which a follower must pass
-    /// to the leader) every T/5 and derives `E` from the answers, allowing for how late a follower
-    /// passes session activity to the leader. The loss is declared before the leader can expire
-    /// the session. The argument, with its assumptions (the server's `tickTime ≤ T/3`, clock
-    /// rates within 10 %), is in the README's "Guarantees".
+    /// to the leader) 0.22 T after each answer and derives `E` from the answers, allowing for how
+    /// late a follower passes session activity to the leader. The loss is declared before the
+    /// leader can expire the session. The argument and its assumptions (the server's
+    /// `tickTime ≤ T/3`, clock rates within 10 %) are in the README, "What happens when the
+    /// session is lost", and in the source of the session monitor.
     SessionDeadline,
 }

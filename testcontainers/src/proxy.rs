@@ -57,6 +57,8 @@ pub mod op {
     pub const GET_CHILDREN: i32 = 8;
     /// `ping`.
     pub const PING: i32 = 11;
+    /// `sync`.
+    pub const SYNC: i32 = 9;
     /// `removeWatches`.
     pub const REMOVE_WATCHES: i32 = 18;
 }

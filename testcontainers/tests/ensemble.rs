@@ -27,9 +27,17 @@ async fn three_servers_elect_a_leader_and_replicate() -> Result<(), HarnessError
     let Some(ensemble) = ensemble(Ensemble::builder()).await else { return Ok(()) };
     assert_eq!(ensemble.len(), 3);
     let leader = ensemble.leader().await?;
-    let modes: Vec<_> = futures_modes(&ensemble).await;
+    // Ready means a quorum serves; the third server joins shortly after.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let modes = loop {
+        let modes = futures_modes(&ensemble).await;
+        if modes.iter().filter(|m| m.as_deref() == Some("follower")).count() == 2 || Instant::now() > deadline {
+            break modes;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     eprintln!("modes: {modes:?}, leader {leader}, connect {}", ensemble.connect_string());
-    assert_eq!(modes.iter().filter(|m| m.as_deref() == Some("follower")).count(), 2);
+    assert_eq!(modes.iter().filter(|m| m.as_deref() == Some("follower")).count(), 2, "{modes:?}");
     // A write through one server is read through another.
     let a = ensemble.client_of((leader + 1) % 3, Duration::from_secs(4)).await?;
     let b = ensemble.client_of((leader + 2) % 3, Duration::from_secs(4)).await?;

@@ -67,3 +67,12 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+pub mod history;
+
+/// A 3-server ensemble for this test (Docker required in CI: REQUIRE_DOCKER=1).
+pub async fn ensemble(builder: zk_testcontainers::EnsembleBuilder) -> zk_testcontainers::Ensemble {
+    match builder.start().await {
+        Ok(ensemble) => ensemble,
+        Err(err) => panic!("no ZooKeeper ensemble for tests: {err}"),
+    }
+}

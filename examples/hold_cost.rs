@@ -1,0 +1,92 @@
+//! What holding many locks on one session costs: requests per second on an idle server (counted
+//! by type through a TCP proxy) and resident memory per held lock.
+//!
+//! ```sh
+//! cargo run --release --example hold_cost            # 10,000 locks, T = 10 s, 30 s window
+//! HOLDS=2000 WINDOW_SECS=20 cargo run --release --example hold_cost
+//! ```
+//!
+//! Starts its own ZooKeeper (see `zk-testcontainers`), connects one session through a
+//! `FaultProxy`, acquires `HOLDS` locks on distinct paths (one `InterProcessMutex` each), waits
+//! until every hold watches its node, then counts what the session sends while nothing happens.
+//! Prints one JSON line.
+
+use std::time::{Duration, Instant};
+
+use zk_recipes::InterProcessMutex;
+use zk_testcontainers::{op, FaultProxy, ZooKeeper};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Resident set size of this process, in bytes (Linux).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let holds = env("HOLDS", 10_000) as usize;
+    let window = Duration::from_secs(env("WINDOW_SECS", 30));
+    let t = Duration::from_secs(env("SESSION_SECS", 10));
+    let zk = ZooKeeper::start().await?;
+    let proxy = FaultProxy::start(zk.connect_string()).await?;
+    let client = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await?;
+    let base = format!("/hold-cost-{}", std::process::id());
+
+    let rss_before = rss_bytes();
+    let started = Instant::now();
+    let mut held = Vec::with_capacity(holds);
+    for batch in (0..holds).collect::<Vec<_>>().chunks(200) {
+        let acquires = batch.iter().map(|i| {
+            let mutex = InterProcessMutex::new(client.clone(), format!("{base}/lock-{i}"));
+            async move {
+                let mutex = mutex?;
+                let guard = mutex.acquire().await?;
+                Ok::<_, zk_recipes::Error>((mutex, guard))
+            }
+        });
+        let handles: Vec<_> = acquires.map(tokio::spawn).collect();
+        for handle in handles {
+            held.push(handle.await??);
+        }
+    }
+    let acquired_in = started.elapsed();
+    // Every hold sets the watch on its own node after 100 ms; let them settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_held = rss_bytes();
+
+    let before = proxy.requests();
+    tokio::time::sleep(window).await;
+    let after = proxy.requests();
+    let delta = |op: i32| after.get(&op).copied().unwrap_or(0) - before.get(&op).copied().unwrap_or(0);
+    let total: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
+    let secs = window.as_secs_f64();
+    let still_held = held.iter().filter(|(_, guard)| guard.state() == zk_recipes::LockState::Held).count();
+    println!(
+        "{{\"example\":\"hold_cost\",\"holds\":{holds},\"held_at_end\":{still_held},\"session_timeout_s\":{},\
+         \"acquire_s\":{:.2},\"window_s\":{},\"requests_per_s\":{:.3},\"sync_per_s\":{:.3},\"ping_per_s\":{:.3},\
+         \"other_per_s\":{:.3},\"heartbeat_period_s\":{:.3},\"rss_bytes_per_held_lock\":{}}}",
+        t.as_secs(),
+        acquired_in.as_secs_f64(),
+        window.as_secs(),
+        total as f64 / secs,
+        delta(op::SYNC) as f64 / secs,
+        delta(op::PING) as f64 / secs,
+        (total - delta(op::SYNC) - delta(op::PING)) as f64 / secs,
+        if delta(op::SYNC) > 0 { secs / delta(op::SYNC) as f64 } else { 0.0 },
+        rss_held.saturating_sub(rss_before) / holds.max(1) as u64,
+    );
+    for (_, guard) in held {
+        drop(guard);
+    }
+    Ok(())
+}

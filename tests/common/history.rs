@@ -1,0 +1,146 @@
+//! A small history checker for fault tests: every hold is recorded from the moment its acquire
+//! returned until its holder stopped believing in it (released it, or was told it is lost).
+//!
+//! Checked at the end:
+//! - no two holds of one lock overlap, unless the earlier holder was told `Lost` before the
+//!   later one was granted (then its belief ended first, and the intervals do not overlap);
+//! - fencing tokens increase in grant order;
+//! - a counter written only through fenced writes equals the number of fenced writes that
+//!   succeeded (no write of a stale holder got through), give or take those whose outcome is
+//!   unknown (the connection broke before the reply).
+//!
+//! Recorded instants are conservative: a grant is recorded after `acquire` returned (later than
+//! the server granted it), a release before `release` is called, a loss when `lost()` resolved.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zk_recipes::{FencedWriteError, LockGuard, LossReason};
+use zookeeper_client as zk;
+
+/// One hold, as its holder saw it.
+#[derive(Clone, Debug)]
+pub struct HoldRecord {
+    pub who: String,
+    pub token: i64,
+    pub granted: Instant,
+    /// When the holder stopped believing it holds the lock, and why (`None`: released).
+    pub ended: Option<(Instant, Option<LossReason>)>,
+}
+
+#[derive(Default)]
+pub struct History {
+    holds: Mutex<Vec<HoldRecord>>,
+    fenced_ok: Mutex<u64>,
+    fenced_unknown: Mutex<u64>,
+}
+
+/// What a history check found (it panics on a violation).
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub grants: usize,
+    pub losses: BTreeMap<String, usize>,
+    pub fenced_writes: u64,
+    pub fenced_unknown: u64,
+}
+
+impl History {
+    pub fn new() -> History {
+        History::default()
+    }
+
+    /// Records a grant; returns the hold's index.
+    pub fn granted(&self, who: &str, guard: &LockGuard) -> usize {
+        let mut holds = self.holds.lock().unwrap();
+        holds.push(HoldRecord {
+            who: who.to_owned(),
+            token: guard.fencing_token().as_i64(),
+            granted: Instant::now(),
+            ended: None,
+        });
+        holds.len() - 1
+    }
+
+    /// The holder is about to release: its belief ends now.
+    pub fn releasing(&self, hold: usize) {
+        let mut holds = self.holds.lock().unwrap();
+        if holds[hold].ended.is_none() {
+            holds[hold].ended = Some((Instant::now(), None));
+        }
+    }
+
+    /// The holder was told the lock is lost.
+    pub fn lost(&self, hold: usize, reason: LossReason) {
+        let mut holds = self.holds.lock().unwrap();
+        if holds[hold].ended.is_none() {
+            holds[hold].ended = Some((Instant::now(), Some(reason)));
+        }
+    }
+
+    /// Increments the counter at `counter` through a fenced write; `true` if it was applied.
+    pub async fn fenced_increment(&self, client: &zk::Client, guard: &LockGuard, counter: &str) -> bool {
+        let Ok(Ok((data, stat))) = tokio::time::timeout(Duration::from_secs(5), client.get_data(counter)).await else {
+            return false;
+        };
+        let value: u64 = String::from_utf8_lossy(&data).parse().unwrap_or(0);
+        let mut write = guard.fenced_writer();
+        write.add_set_data(counter, (value + 1).to_string().as_bytes(), Some(stat.version)).unwrap();
+        // Counted as of unknown outcome while in flight: if this future is dropped (the holder
+        // was told it lost the lock meanwhile), the write may still be applied.
+        *self.fenced_unknown.lock().unwrap() += 1;
+        let outcome = tokio::time::timeout(Duration::from_secs(5), write.commit()).await;
+        let known = |ok: bool| {
+            *self.fenced_unknown.lock().unwrap() -= 1;
+            if ok {
+                *self.fenced_ok.lock().unwrap() += 1;
+            }
+            ok
+        };
+        match outcome {
+            Ok(Ok(_)) => known(true),
+            Ok(Err(FencedWriteError::LockLost)) => known(false),
+            // May or may not have been applied.
+            Ok(Err(FencedWriteError::Request { .. })) | Err(_) => false,
+            // A version mismatch would mean another holder wrote in between: the check catches it.
+            Ok(Err(err)) => panic!("fenced write failed: {err}"),
+        }
+    }
+
+    /// Checks the history (panicking with the offending holds) and the fenced counter's value.
+    pub fn check(&self, counter_value: Option<u64>) -> Summary {
+        let mut holds = self.holds.lock().unwrap().clone();
+        holds.sort_by_key(|hold| hold.granted);
+        let end = |hold: &HoldRecord| hold.ended.map(|(at, _)| at);
+        for (i, earlier) in holds.iter().enumerate() {
+            for later in &holds[i + 1..] {
+                let overlaps = end(earlier).is_none_or(|ended| ended > later.granted);
+                assert!(
+                    !overlaps,
+                    "two holders believed they held the lock at once:\n  {earlier:?}\n  {later:?}\n(the earlier one \
+                     was not told Lost before the later grant)"
+                );
+            }
+        }
+        for pair in holds.windows(2) {
+            assert!(pair[0].token < pair[1].token, "fencing tokens do not increase in grant order: {pair:?}");
+        }
+        let fenced_writes = *self.fenced_ok.lock().unwrap();
+        let fenced_unknown = *self.fenced_unknown.lock().unwrap();
+        if let Some(value) = counter_value {
+            assert!(
+                (fenced_writes..=fenced_writes + fenced_unknown).contains(&value),
+                "the fenced counter ({value}) differs from the successful fenced writes ({fenced_writes}, and \
+                 {fenced_unknown} of unknown outcome)"
+            );
+        }
+        let mut losses = BTreeMap::new();
+        for hold in &holds {
+            if let Some((_, Some(reason))) = hold.ended {
+                *losses.entry(format!("{reason:?}")).or_default() += 1;
+            }
+        }
+        Summary { grants: holds.len(), losses, fenced_writes, fenced_unknown }
+    }
+}
