@@ -247,11 +247,18 @@ pub(crate) struct PendingNode {
     protection: String,
     path: Option<String>,
     armed: bool,
+    /// A create of this attempt had an unknown outcome: a node with its GUID may exist.
+    maybe_applied: bool,
 }
 
 impl PendingNode {
     pub(crate) fn new(cleanup: Cleanup, dir: &str, protection: String) -> PendingNode {
-        PendingNode { cleanup, dir: dir.to_owned(), protection, path: None, armed: true }
+        PendingNode { cleanup, dir: dir.to_owned(), protection, path: None, armed: true, maybe_applied: false }
+    }
+
+    /// A create's outcome was unknown: it may have been applied (now or later).
+    pub(crate) fn maybe_applied(&mut self) {
+        self.maybe_applied = true;
     }
 
     /// Records the node's path once the create reply (or a GUID search) told us.
@@ -272,10 +279,12 @@ impl PendingNode {
         self.armed = false;
     }
 
-    /// Every create of this acquire was refused by the server (no outcome was ever unknown):
-    /// there is no node to delete.
+    /// The last create was refused by the server: unless an earlier one of this attempt may
+    /// have been applied, there is no node to delete.
     pub(crate) fn never_created(&mut self) {
-        self.armed = false;
+        if !self.maybe_applied && self.path.is_none() {
+            self.armed = false;
+        }
     }
 
     /// Deletes the node now and waits for the deletion (used by `try_acquire`).

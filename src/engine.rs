@@ -173,7 +173,6 @@ impl LockInternals {
         let mut backoff = Backoff::new();
         let mut outcome_was_unknown = false;
         let mut unknown_in_a_row = 0;
-        let mut ever_unknown = false;
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
@@ -229,13 +228,14 @@ impl LockInternals {
                         ));
                     }
                     outcome_was_unknown = true;
-                    ever_unknown = true;
+                    pending.maybe_applied();
                     backoff.wait().await;
                 },
                 Err(zk::Error::Throttled) => backoff.wait().await,
                 Err(err) => {
-                    if !ever_unknown && refused(&err) {
-                        // Refused: no node exists that cleanup would have to look for.
+                    if refused(&err) {
+                        // Refused: unless an earlier create of this attempt may have been applied,
+                        // no node exists that cleanup would have to look for.
                         pending.never_created();
                     }
                     return Err(Error::zk("create lock node in", &self.dir, err));
@@ -492,7 +492,9 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
             };
             match watched {
                 Ok(Some(watcher)) => {
-                    set.store(true, Ordering::SeqCst);
+                    // Only a data watch on the node itself orders its deletion before later
+                    // events of the session (see `wait_for_turn`); a directory watch does not.
+                    set.store(readable, Ordering::SeqCst);
                     let event = watcher.changed().await;
                     match event.event_type {
                         zk::EventType::NodeDeleted => return Watched::Deleted,

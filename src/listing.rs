@@ -40,7 +40,8 @@ impl Listing {
 }
 
 type Shared = Option<Result<Arc<Listing>, zk::Error>>;
-type Key = (i64, String, &'static str);
+/// Session, chroot, directory, lock name.
+type Key = (i64, String, String, &'static str);
 
 /// Per session, directory and lock name: the listing not sent yet (if any), and how many listings
 /// are outstanding.
@@ -100,7 +101,7 @@ pub(crate) fn after_sent_requests(
         Shared(watch::Receiver<Shared>),
         Nothing,
     }
-    let key: Key = (client.session_id().0, dir.to_owned(), lock_name);
+    let key: Key = (client.session_id().0, client.path().to_owned(), dir.to_owned(), lock_name);
     let via = {
         let mut slots = lock(slots());
         let slot = slots.entry(key.clone()).or_default();
@@ -146,7 +147,7 @@ async fn send_listing(client: zk::Client, key: Key, lock_name: &'static str, sen
             slot.open = None;
         }
         // Sent while nobody can join any more.
-        (Outstanding::start(&mut slots, &key), client.get_children(&key.1))
+        (Outstanding::start(&mut slots, &key), client.get_children(&key.2))
     };
     let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, lock_name)));
     drop(outstanding);

@@ -345,8 +345,9 @@ impl Session {
         }
         let mut inner = lock(&self.shared.inner);
         inner.acquires += 1;
-        self.ensure_running(&mut inner);
+        let start = self.ensure_running(&mut inner);
         drop(inner);
+        self.start(start);
         self.shared.wake.notify_one();
         Ok(AcquireTicket { shared: self.shared.clone() })
     }
@@ -386,11 +387,13 @@ impl Session {
         if own_watch.is_none() {
             inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
         }
-        self.ensure_running(&mut inner);
+        let start = self.ensure_running(&mut inner);
+        let class = inner.health.class(self.shared.timeout, now);
+        drop(inner);
+        self.start(start);
         // Granted on a session we cannot vouch for (dead, deadline passed, or connection lost
         // under `Suspended`): lost at once, and the node given up.
-        feed.apply(verdict(inner.health.class(self.shared.timeout, now), policy));
-        drop(inner);
+        feed.apply(verdict(class, policy));
         if let Some(watch) = own_watch {
             self.spawn_own_watch(&feed, Some(watch));
         }
@@ -405,8 +408,8 @@ impl Session {
             self.spawn_own_watch(feed, None);
         }
         if !matches!(feed.current(), LockState::Lost(_)) {
-            let inner = lock(&self.shared.inner);
-            feed.apply(verdict(inner.health.class(self.shared.timeout, Instant::now()), feed.policy));
+            let class = lock(&self.shared.inner).health.class(self.shared.timeout, Instant::now());
+            feed.apply(verdict(class, feed.policy));
         }
         feed.current()
     }
@@ -424,10 +427,13 @@ impl Session {
         self.shared.wake.notify_one();
     }
 
-    fn ensure_running(&self, inner: &mut Inner) {
+    /// Marks the monitor running; returns what the caller must spawn, after releasing `inner`
+    /// (a task dropped at once by a runtime shutting down would take `inner` in its drop).
+    #[must_use]
+    fn ensure_running(&self, inner: &mut Inner) -> Option<StopGuard> {
         inner.idle_since = None;
         if inner.running {
-            return;
+            return None;
         }
         inner.running = true;
         inner.told = None;
@@ -439,8 +445,13 @@ impl Session {
         inner.health.in_flight_since = None;
         // Made before the task is spawned: should the task never run (a runtime shutting down),
         // dropping it still tells the holds.
-        let stop = StopGuard { shared: self.shared.clone(), finished: false };
-        self.shared.spawn(monitor(self.shared.clone(), stop));
+        Some(StopGuard { shared: self.shared.clone(), finished: false })
+    }
+
+    fn start(&self, stop: Option<StopGuard>) {
+        if let Some(stop) = stop {
+            self.shared.spawn(monitor(self.shared.clone(), stop));
+        }
     }
 
     fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) {
@@ -498,20 +509,29 @@ impl Inner {
     fn answered(&mut self, answer: Answer, leader: bool, t: Duration) {
         if leader {
             let g = report_lag(t);
-            let paired = self.answers.iter().rev().find(|j| j.answered + g <= answer.sent).map(|j| j.sent);
-            // Cold start (A2): no earlier answer to pair with.
-            let evidence = paired.or_else(|| answer.sent.checked_sub(g * 2));
-            if let Some(evidence) = evidence {
+            let paired = self.answers.iter().filter(|j| j.answered + g <= answer.sent).map(|j| j.sent).max();
+            // Nothing of ours answered in the 2G before (the very first round, or one after an
+            // idle period): a cold start, (A2).
+            let cold = answer.sent.checked_sub(g * 2);
+            if let Some(evidence) = paired.max(cold) {
                 let deadline = deadline_after(evidence, t);
                 self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
             }
         }
         self.health.last_answer = Some(self.health.last_answer.map_or(answer.answered, |a| a.max(answer.answered)));
-        let at = self.answers.partition_point(|j| j.sent <= answer.sent);
-        self.answers.insert(at, answer);
-        // Keep what a future round can pair with: the latest answers of the last T.
-        while self.answers.len() > 1 && self.answers.front().is_some_and(|oldest| oldest.answered + t < answer.answered)
-        {
+        // Answers close together are merged (earliest send, latest answer: weaker as a pairing
+        // partner, never stronger), so the few dozen kept span more than T however many
+        // requests are answered.
+        let merge = report_lag(t) / 8;
+        let at = self.answers.partition_point(|j| j.answered <= answer.answered);
+        match at.checked_sub(1).and_then(|i| self.answers.get_mut(i)) {
+            Some(previous) if answer.answered <= previous.answered + merge => {
+                previous.sent = previous.sent.min(answer.sent);
+                previous.answered = answer.answered.max(previous.answered);
+            },
+            _ => self.answers.insert(at, answer),
+        }
+        while self.answers.front().is_some_and(|oldest| oldest.answered + t * 2 < answer.answered) {
             self.answers.pop_front();
         }
         if self.answers.len() > 64 {
@@ -533,17 +553,21 @@ impl Shared {
 
     /// Re-evaluates every hold if the session's condition changed since they were last told.
     fn tell_holds(&self, class: Class) {
-        let mut inner = lock(&self.inner);
-        if inner.told == Some(class) {
-            return;
-        }
-        inner.told = Some(class);
-        debug!(session = format_args!("{:#x}", self.id), ?class, "session condition");
-        for feed in inner.holds.values() {
+        let holds: Vec<Arc<HoldFeed>> = {
+            let mut inner = lock(&self.inner);
+            if inner.told == Some(class) {
+                return;
+            }
+            inner.told = Some(class);
+            inner.holds.values().cloned().collect()
+        };
+        debug!(session = format_args!("{:#x}", self.id), ?class, holds = holds.len(), "session condition");
+        // Told outside the lock: readers of `state()` and acquires need not wait for 10,000 holds.
+        for feed in &holds {
             feed.apply(verdict(class, feed.policy));
         }
         // Lost holds need no more attention.
-        inner.holds.retain(|_, feed| !matches!(feed.current(), LockState::Lost(_)));
+        lock(&self.inner).holds.retain(|_, feed| !matches!(feed.current(), LockState::Lost(_)));
     }
 }
 
@@ -626,7 +650,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
         let (wake_at, send, class) = {
             let mut inner = lock(&shared.inner);
             let connected = seen == zk::SessionState::SyncConnected;
-            if connected && (!inner.health.connected || blip) {
+            if connected && !inner.health.connected {
                 // A (re)established connection: nothing answered on it yet.
                 inner.health.last_answer = Some(now);
                 next_heartbeat = now;
@@ -666,7 +690,11 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
             .filter(|at| *at > now)
             .min()
             .unwrap_or(now + t);
-            let class = if blip && health.terminal.is_none() { Class::Disconnected } else { health.class(t, now) };
+            let class = match health.class(t, now) {
+                // A blip is told as a disconnection, unless the session is worse off anyway.
+                Class::Healthy | Class::Stalled if blip => Class::Disconnected,
+                class => class,
+            };
             drop(inner);
             let session = Session { shared: shared.clone() };
             for feed in due.into_iter().filter(|feed| !feed.is_released()) {

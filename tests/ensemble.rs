@@ -58,10 +58,10 @@ struct ZoneCase {
 /// from the other servers (its client still connected to it). The holder must be told before the
 /// waiter is granted, and its state at the waiter's grant must be `Lost`.
 async fn zone_partition_case(ensemble: &Ensemble, policy: LossPolicy, t: Duration) -> ZoneCase {
-    let history = History::new();
     let leader = ensemble.leader().await.unwrap();
     let follower = (leader + 1) % 3;
     let path = unique_path("zone");
+    let history = History::new(&path);
     let holder_client = ensemble.client_of(follower, t).await.unwrap();
     let holder = InterProcessMutex::builder(holder_client, &path).loss_policy(policy).build().unwrap();
     let guard = Arc::new(holder.acquire().await.unwrap());
@@ -154,7 +154,7 @@ async fn leader_killed_during_a_stream_of_handoffs() {
     let admin = ensemble.client(t).await.unwrap();
     let path = unique_path("leader-kill");
     let counter = counter(&admin).await;
-    let history = Arc::new(History::new());
+    let history = Arc::new(History::new(&path));
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for w in 0..4 {
@@ -222,10 +222,9 @@ async fn majority_lost_then_back() {
     init_tracing();
     let t = Duration::from_secs(4);
     let ensemble = ensemble(Ensemble::builder()).await;
-    // One history per lock path.
-    let histories = [History::new(), History::new()];
     let admin = ensemble.client(t).await.unwrap();
     let (one, two) = (unique_path("majority-a"), unique_path("majority-b"));
+    let histories = [History::new(&one), History::new(&two)];
     let holders = [
         InterProcessMutex::builder(ensemble.client(t).await.unwrap(), &one).build().unwrap(),
         InterProcessMutex::builder(ensemble.client(t).await.unwrap(), &two)

@@ -529,3 +529,25 @@ async fn suspended_policy_holder_told_only_when_the_server_already_expired_it() 
     assert!(w_lost - cut_off <= t * 45 / 100, "holder told only after {:?} (README: ≤ 0.4 T)", w_lost - cut_off);
     assert!(w_lost < x_granted, "holder told after the next holder was granted");
 }
+
+/// An acquire on a session idle for longer than T (its monitor stopped, its evidence stale) is
+/// granted `Held`: the create's answer is a cold-start round, not paired with an answer from
+/// before the idle period (which would put the deadline in the past).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_after_an_idle_period_is_held() {
+    let zk = zookeeper().await;
+    let t = Duration::from_secs(2);
+    let client = zk.client_with_timeout(t).await.unwrap();
+    let path = unique_path("idle");
+    let mutex = InterProcessMutex::new(client.clone(), &path).unwrap();
+    for round in 0..3 {
+        let guard = mutex.acquire().await.unwrap();
+        assert_eq!(guard.state(), LockState::Held, "round {round}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(guard.state(), LockState::Held, "round {round}, 300 ms later");
+        guard.release().await.unwrap();
+        // The monitor lingers T after the last use, then stops.
+        tokio::time::sleep(t * 3).await;
+    }
+    assert_no_nodes_left(&client, &path).await;
+}

@@ -191,9 +191,9 @@ async fn soak() {
     drop(admin);
     let soak = Arc::new(Soak {
         ensemble,
+        history: History::new(&path),
         path,
         counter,
-        history: History::new(),
         stop: AtomicBool::new(false),
         t,
         max_wait_ms: AtomicU64::new(0),

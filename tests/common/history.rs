@@ -1,16 +1,20 @@
-//! A small history checker for fault tests: every hold is recorded from the moment its acquire
-//! returned until its holder stopped believing in it (released it, or was told it is lost).
+//! A small history checker for fault tests, one per lock path: every hold is recorded from the
+//! moment its acquire returned until its holder stopped believing in it (released it, or was told
+//! it is lost) — the interval in which an application acts as the holder.
 //!
 //! Checked at the end:
-//! - no two holds of one lock overlap, unless the earlier holder was told `Lost` before the
-//!   later one was granted (then its belief ended first, and the intervals do not overlap);
+//! - no two holds overlap, unless the earlier holder was told `Lost` before the later one was
+//!   granted (then its belief ended first, and the intervals do not overlap);
 //! - fencing tokens increase in grant order;
 //! - a counter written only through fenced writes equals the number of fenced writes that
-//!   succeeded (no write of a stale holder got through), give or take those whose outcome is
-//!   unknown (the connection broke before the reply).
+//!   succeeded, give or take those whose outcome is unknown (the connection broke before the
+//!   reply, or the holder stopped waiting): no write reported as refused was applied. Each write
+//!   is a read followed by a fenced write of the value + 1 with the read version, so a write by
+//!   a second holder in between fails with `BadVersion`, which panics at once.
 //!
-//! Recorded instants are conservative: a grant is recorded after `acquire` returned (later than
-//! the server granted it), a release before `release` is called, a loss when `lost()` resolved.
+//! A grant is recorded when `acquire` returned, a release before `release` is called, a loss
+//! when `lost()` resolved: scheduling delays (milliseconds) can shorten a recorded interval
+//! against the server's view, not lengthen it.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -30,8 +34,9 @@ pub struct HoldRecord {
     pub ended: Option<(Instant, Option<LossReason>)>,
 }
 
-#[derive(Default)]
 pub struct History {
+    /// The lock path all holds are of.
+    path: String,
     holds: Mutex<Vec<HoldRecord>>,
     fenced_ok: Mutex<u64>,
     fenced_unknown: Mutex<u64>,
@@ -47,12 +52,24 @@ pub struct Summary {
 }
 
 impl History {
-    pub fn new() -> History {
-        History::default()
+    /// A history of the lock at `path`.
+    pub fn new(path: &str) -> History {
+        History {
+            path: path.to_owned(),
+            holds: Mutex::default(),
+            fenced_ok: Mutex::default(),
+            fenced_unknown: Mutex::default(),
+        }
     }
 
     /// Records a grant; returns the hold's index.
     pub fn granted(&self, who: &str, guard: &LockGuard) -> usize {
+        assert!(
+            guard.lock_path().starts_with(&format!("{}/", self.path)),
+            "{} is not a hold of {}: one History per lock path",
+            guard.lock_path(),
+            self.path
+        );
         let mut holds = self.holds.lock().unwrap();
         holds.push(HoldRecord {
             who: who.to_owned(),
