@@ -1,5 +1,6 @@
 //! What holding many locks on one session costs: requests per second on an idle server (counted
-//! by type through a TCP proxy) and resident memory per held lock.
+//! by type through a TCP proxy) and memory per held lock (live heap bytes, counted by the
+//! allocator: the mutex object and the hold apart; and resident memory).
 //!
 //! ```sh
 //! cargo run --release --example hold_cost            # 10,000 locks, T = 10 s, 30 s window
@@ -11,6 +12,8 @@
 //! until every hold watches its node, then counts what the session sends while nothing happens.
 //! Prints one JSON line.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use zk_recipes::InterProcessMutex;
@@ -20,6 +23,33 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Counts live heap bytes: what a held lock keeps allocated, exactly.
+struct CountingAlloc;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+fn heap_bytes() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed) as u64
 }
 
 /// Resident set size of this process, in bytes (Linux).
@@ -43,18 +73,21 @@ async fn main() -> Result<(), BoxError> {
     let base = format!("/hold-cost-{}", std::process::id());
 
     let rss_before = rss_bytes();
+    let heap_before = heap_bytes();
+    let mutexes = (0..holds)
+        .map(|i| InterProcessMutex::new(client.clone(), format!("{base}/lock-{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let heap_mutexes = heap_bytes();
     let started = Instant::now();
     let mut held = Vec::with_capacity(holds);
-    for batch in (0..holds).collect::<Vec<_>>().chunks(200) {
-        let acquires = batch.iter().map(|i| {
-            let mutex = InterProcessMutex::new(client.clone(), format!("{base}/lock-{i}"));
-            async move {
-                let mutex = mutex?;
-                let guard = mutex.acquire().await?;
-                Ok::<_, zk_recipes::Error>((mutex, guard))
-            }
-        });
-        let handles: Vec<_> = acquires.map(tokio::spawn).collect();
+    for batch in mutexes.chunks(200) {
+        let handles: Vec<_> = batch
+            .iter()
+            .map(|mutex| {
+                let mutex = mutex.clone();
+                tokio::spawn(async move { mutex.acquire().await })
+            })
+            .collect();
         for handle in handles {
             held.push(handle.await??);
         }
@@ -63,6 +96,7 @@ async fn main() -> Result<(), BoxError> {
     // Every hold sets the watch on its own node after 100 ms; let them settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_held = rss_bytes();
+    let heap_held = heap_bytes();
 
     let before = proxy.requests();
     tokio::time::sleep(window).await;
@@ -70,11 +104,12 @@ async fn main() -> Result<(), BoxError> {
     let delta = |op: i32| after.get(&op).copied().unwrap_or(0) - before.get(&op).copied().unwrap_or(0);
     let total: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
     let secs = window.as_secs_f64();
-    let still_held = held.iter().filter(|(_, guard)| guard.state() == zk_recipes::LockState::Held).count();
+    let still_held = held.iter().filter(|guard| guard.state() == zk_recipes::LockState::Held).count();
     println!(
         "{{\"example\":\"hold_cost\",\"holds\":{holds},\"held_at_end\":{still_held},\"session_timeout_s\":{},\
          \"acquire_s\":{:.2},\"window_s\":{},\"requests_per_s\":{:.3},\"sync_per_s\":{:.3},\"ping_per_s\":{:.3},\
-         \"other_per_s\":{:.3},\"heartbeat_period_s\":{:.3},\"rss_bytes_per_held_lock\":{}}}",
+         \"other_per_s\":{:.3},\"heartbeat_period_s\":{:.3},\"heap_bytes_per_mutex\":{},\
+         \"heap_bytes_per_hold\":{},\"heap_bytes_per_held_lock\":{},\"rss_bytes_per_held_lock\":{}}}",
         t.as_secs(),
         acquired_in.as_secs_f64(),
         window.as_secs(),
@@ -83,10 +118,12 @@ async fn main() -> Result<(), BoxError> {
         delta(op::PING) as f64 / secs,
         (total - delta(op::SYNC) - delta(op::PING)) as f64 / secs,
         if delta(op::SYNC) > 0 { secs / delta(op::SYNC) as f64 } else { 0.0 },
+        heap_mutexes.saturating_sub(heap_before) / holds.max(1) as u64,
+        heap_held.saturating_sub(heap_mutexes) / holds.max(1) as u64,
+        heap_held.saturating_sub(heap_before) / holds.max(1) as u64,
         rss_held.saturating_sub(rss_before) / holds.max(1) as u64,
     );
-    for (_, guard) in held {
-        drop(guard);
-    }
+    drop(held);
+    drop(mutexes);
     Ok(())
 }

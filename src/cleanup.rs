@@ -88,7 +88,7 @@ impl Cleanup {
             let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
             (view, LockChild { name, sequence: node.sequence })
         });
-        self.delete_and_forget(Target::Path(node.path.clone()), forget)
+        self.delete_and_forget(Target::Path(node.path.to_string()), forget)
     }
 
     fn delete_and_forget(

@@ -58,8 +58,8 @@ const MAX_WATCH_REFUSALS: usize = 3;
 /// Our lock node, once held.
 #[derive(Clone, Debug)]
 pub(crate) struct LockNode {
-    /// Full path of the node.
-    pub path: String,
+    /// Full path of the node (shared with the hold's session feed and its watch).
+    pub path: Arc<str>,
     /// Sequence number the server appended.
     pub sequence: i64,
     /// The zxid of the node's creation: the fencing token.
@@ -149,7 +149,7 @@ impl LockInternals {
                 },
                 Turn::NodeGone => {
                     losses += 1;
-                    debug!(path = node.path, losses, "our lock node was deleted while waiting");
+                    debug!(path = &*node.path, losses, "our lock node was deleted while waiting");
                     if losses >= MAX_NODE_LOSSES {
                         return Err(Error::LockNodeDeleted { path: self.dir.clone() });
                     }
@@ -181,7 +181,7 @@ impl LockInternals {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
                         pending.created(found.path.clone());
-                        let node = LockNode { path: found.path, sequence, czxid: found.stat.czxid, view: None };
+                        let node = LockNode { path: found.path.into(), sequence, czxid: found.stat.czxid, view: None };
                         return Ok((node, None));
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -210,7 +210,7 @@ impl LockInternals {
                         // Sent no earlier than the create: an answer a later round pairs with.
                         self.session.answered(sent, false);
                     }
-                    let node = LockNode { path, sequence: sequence.into_i64(), czxid, view: None };
+                    let node = LockNode { path: path.into(), sequence: sequence.into_i64(), czxid, view: None };
                     return Ok((node, listing));
                 },
                 Err(zk::Error::NoNode) => {
@@ -425,7 +425,7 @@ impl LockInternals {
     }
 
     fn watch(&self, path: &str) -> NodeWatch {
-        watch_node(self.client().clone(), path.to_owned())
+        watch_node(self.cleanup.clone(), path.into(), true)
     }
 }
 
@@ -445,14 +445,15 @@ fn refused(err: &zk::Error) -> bool {
 /// A data watch on a lock node, resolving when it fires. The watch request is sent when the
 /// future is first polled.
 pub(crate) struct NodeWatch {
-    armed: Arc<AtomicBool>,
+    /// Set once the server confirmed the watch; only kept where someone asks (`is_armed`).
+    armed: Option<Arc<AtomicBool>>,
     fired: Pin<Box<dyn Future<Output = Watched> + Send + 'static>>,
 }
 
 impl NodeWatch {
     /// Whether the server has confirmed the watch (and so that the node existed then).
     pub(crate) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::SeqCst)
+        self.armed.as_ref().is_some_and(|armed| armed.load(Ordering::SeqCst))
     }
 }
 
@@ -469,11 +470,13 @@ impl Future for NodeWatch {
 ///
 /// Keep the returned future until it fires where possible: dropping an armed watch makes the
 /// client send a request to remove it.
-pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
-    tracing::trace!(path, "setting a data watch");
-    let armed = Arc::new(AtomicBool::new(false));
+pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>, tracked: bool) -> NodeWatch {
+    tracing::trace!(path = &*path, "setting a data watch");
+    let armed = tracked.then(|| Arc::new(AtomicBool::new(false)));
     let set = armed.clone();
     let fired = Box::pin(async move {
+        let client = cleanup.client();
+        let path = &*path;
         let mut backoff = Backoff::new();
         let mut refusals = 0;
         // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
@@ -481,9 +484,9 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
         let mut readable = true;
         loop {
             let watched = if readable {
-                client.get_and_watch_data(&path).await.map(|(_, _, watcher)| Some(watcher))
+                client.get_and_watch_data(path).await.map(|(_, _, watcher)| Some(watcher))
             } else {
-                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path.as_str()));
+                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path));
                 let dir = if dir.is_empty() { "/" } else { dir };
                 client
                     .list_and_watch_children(dir)
@@ -494,7 +497,9 @@ pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeWatch {
                 Ok(Some(watcher)) => {
                     // Only a data watch on the node itself orders its deletion before later
                     // events of the session (see `wait_for_turn`); a directory watch does not.
-                    set.store(readable, Ordering::SeqCst);
+                    if let Some(set) = &set {
+                        set.store(readable, Ordering::SeqCst);
+                    }
                     let event = watcher.changed().await;
                     match event.event_type {
                         zk::EventType::NodeDeleted => return Watched::Deleted,

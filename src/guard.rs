@@ -96,19 +96,7 @@ impl LockGuard {
     /// ```
     pub async fn lost(&self) -> LossReason {
         self.mutex.internals.session().state(&self.hold.feed);
-        let mut state = self.hold.feed.subscribe();
-        let reason = match state.wait_for(|state| matches!(state, LockState::Lost(_))).await {
-            Ok(state) => match *state {
-                LockState::Lost(reason) => Some(reason),
-                _ => None,
-            },
-            // Cannot happen: the sender lives in the hold feed this guard keeps alive.
-            Err(_) => None,
-        };
-        match reason {
-            Some(reason) => reason,
-            None => std::future::pending().await,
-        }
+        self.hold.feed.lost().await
     }
 
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock

@@ -1,7 +1,6 @@
 //! [`InterProcessMutex`]: a fair, re-entrant, cancellation-safe distributed mutex
 //! (Curator's `InterProcessMutex`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -87,9 +86,9 @@ pub struct InterProcessMutex {
 #[derive(Debug)]
 pub(crate) struct MutexInner {
     pub(crate) internals: LockInternals,
-    /// The holds of this mutex by hold id, with their guard counts (at most one granted at a time,
-    /// plus lost ones whose guards are still alive).
-    holds: Mutex<HashMap<u64, HoldEntry>>,
+    /// The holds of this mutex with their guard counts: at most one granted at a time, plus lost
+    /// ones whose guards are still alive (a short list; a map would cost more per held lock).
+    holds: Mutex<Vec<HoldEntry>>,
     next_hold: std::sync::atomic::AtomicU64,
     loss_policy: LossPolicy,
 }
@@ -194,7 +193,7 @@ impl MutexBuilder {
         Ok(InterProcessMutex {
             inner: Arc::new(MutexInner {
                 internals,
-                holds: Mutex::new(HashMap::new()),
+                holds: Mutex::new(Vec::new()),
                 next_hold: std::sync::atomic::AtomicU64::new(0),
                 loss_policy: self.loss_policy,
             }),
@@ -326,7 +325,7 @@ impl InterProcessMutex {
         Ok(node.map(|grant| self.register(grant)))
     }
 
-    fn holds(&self) -> MutexGuard<'_, HashMap<u64, HoldEntry>> {
+    fn holds(&self) -> MutexGuard<'_, Vec<HoldEntry>> {
         // A panic while holding this std mutex cannot leave the map inconsistent (every update is
         // a single insert/remove/increment), so a poisoned lock is still usable.
         self.inner.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -350,7 +349,7 @@ impl InterProcessMutex {
             return Err(Error::LockLost { path: self.path().to_owned(), reason });
         }
         let mut holds = self.holds();
-        let Some(entry) = holds.get_mut(&hold.id) else {
+        let Some(entry) = holds.iter_mut().find(|entry| entry.hold.id == hold.id) else {
             return Ok(None);
         };
         entry.guards += 1;
@@ -363,10 +362,10 @@ impl InterProcessMutex {
 
     fn register(&self, Grant { node, own_watch }: Grant) -> LockGuard {
         let internals = &self.inner.internals;
-        let feed = internals.session().track(internals.cleanup(), node.path.clone(), self.inner.loss_policy, own_watch);
+        let feed = internals.session().track(internals.cleanup(), &node.path, self.inner.loss_policy, own_watch);
         let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hold = Arc::new(Hold { id, node, feed });
-        self.holds().insert(id, HoldEntry { hold: hold.clone(), guards: 1 });
+        self.holds().push(HoldEntry { hold: hold.clone(), guards: 1 });
         LockGuard::new(self.inner.clone(), hold)
     }
 
@@ -409,10 +408,11 @@ impl InterProcessMutex {
 }
 
 impl MutexInner {
-    /// Drops one guard of `hold`; returns the node to delete when it was the owner's last.
+    /// Drops one guard of `hold`; returns the node to delete when it was the hold's last.
     pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Option<LockNode> {
         let mut holds = self.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let entry = holds.get_mut(&hold.id)?;
+        let at = holds.iter().position(|entry| entry.hold.id == hold.id)?;
+        let entry = &mut holds[at];
         entry.guards -= 1;
         if entry.guards > 0 {
             return None;
@@ -420,6 +420,6 @@ impl MutexInner {
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
         self.internals.session().release(&hold.feed);
-        holds.remove(&hold.id).map(|entry| entry.hold.node.clone())
+        Some(holds.swap_remove(at).hold.node.clone())
     }
 }

@@ -89,7 +89,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
 use zookeeper_client as zk;
@@ -237,13 +237,18 @@ fn verdict(class: Class, policy: LossPolicy) -> LockState {
 }
 
 /// The session-side record of one hold: its state, and what is needed to keep it true.
+///
+/// Kept small (every held lock has one): the state behind a plain mutex, one `Notify` for
+/// `lost()`, the node's path shared with its watch.
 pub(crate) struct HoldFeed {
     id: u64,
-    path: String,
+    path: Arc<str>,
     policy: LossPolicy,
     /// Deletes the node through the recipe's own client (its chroot) when the hold is lost.
     cleanup: Arc<Cleanup>,
-    state: watch::Sender<LockState>,
+    state: Mutex<LockState>,
+    /// Notified on every change of `state`.
+    changed: Notify,
     /// Set when the owner released the hold (before the node's delete is sent): from then on
     /// nothing that happens to the node is a loss.
     released: AtomicBool,
@@ -253,17 +258,27 @@ pub(crate) struct HoldFeed {
 
 impl std::fmt::Debug for HoldFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldFeed").field("path", &self.path).field("state", &*self.state.borrow()).finish()
+        f.debug_struct("HoldFeed").field("path", &self.path).field("state", &self.current()).finish()
     }
 }
 
 impl HoldFeed {
-    pub(crate) fn subscribe(&self) -> watch::Receiver<LockState> {
-        self.state.subscribe()
+    /// Resolves once the hold is lost, with the reason (cancel safe).
+    pub(crate) async fn lost(&self) -> LossReason {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the state is read: a change in between is not missed.
+            notified.as_mut().enable();
+            if let LockState::Lost(reason) = self.current() {
+                return reason;
+            }
+            notified.await;
+        }
     }
 
     fn current(&self) -> LockState {
-        *self.state.borrow()
+        *lock(&self.state)
     }
 
     fn is_released(&self) -> bool {
@@ -272,20 +287,20 @@ impl HoldFeed {
 
     /// Sets the state (`Lost` is final); returns whether the hold was newly lost.
     fn tell(&self, new: LockState) -> bool {
-        let mut newly_lost = false;
-        self.state.send_if_modified(|current| {
-            if matches!(current, LockState::Lost(_)) || *current == new || self.is_released() {
+        {
+            let mut current = lock(&self.state);
+            if matches!(*current, LockState::Lost(_)) || *current == new || self.is_released() {
                 return false;
             }
-            debug!(lock_node = self.path, from = ?current, to = ?new, "lock state");
-            newly_lost = matches!(new, LockState::Lost(_));
+            debug!(lock_node = &*self.path, from = ?*current, to = ?new, "lock state");
             *current = new;
-            true
-        });
-        if let (true, LockState::Lost(reason)) = (newly_lost, new) {
-            warn!(lock_node = self.path, %reason, "lock lost");
         }
-        newly_lost
+        self.changed.notify_waiters();
+        if let LockState::Lost(reason) = new {
+            warn!(lock_node = &*self.path, %reason, "lock lost");
+            return true;
+        }
+        false
     }
 
     /// Tells the hold its verdict; a hold lost to the connection or the deadline gives up its
@@ -296,7 +311,7 @@ impl HoldFeed {
                 // If the same session comes back, nobody must wait for a node whose holder was
                 // told it lost the lock. The delete queues until the connection is back, or fails
                 // harmlessly if the session is gone.
-                self.cleanup.delete(Target::Path(self.path.clone()));
+                self.cleanup.delete(Target::Path(self.path.to_string()));
             }
         }
     }
@@ -366,7 +381,7 @@ impl Session {
     pub(crate) fn track(
         &self,
         cleanup: &Arc<Cleanup>,
-        path: String,
+        path: &Arc<str>,
         policy: LossPolicy,
         own_watch: Option<NodeWatch>,
     ) -> Arc<HoldFeed> {
@@ -376,10 +391,11 @@ impl Session {
         inner.next_hold += 1;
         let feed = Arc::new(HoldFeed {
             id,
-            path,
+            path: path.clone(),
             policy,
             cleanup: cleanup.clone(),
-            state: watch::Sender::new(LockState::Held),
+            state: Mutex::new(LockState::Held),
+            changed: Notify::new(),
             released: AtomicBool::new(false),
             watching: AtomicBool::new(own_watch.is_some()),
         });
@@ -458,11 +474,9 @@ impl Session {
         if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
             return;
         }
-        let client = feed.cleanup.client().clone();
-        let path = feed.path.clone();
+        let mut watch = armed.unwrap_or_else(|| watch_node(feed.cleanup.clone(), feed.path.clone(), false));
         let feed = Arc::downgrade(feed);
         self.shared.spawn(async move {
-            let mut watch = armed.unwrap_or_else(|| watch_node(client.clone(), path.clone()));
             loop {
                 // Awaited even once the hold is released: our own delete fires it, and dropping
                 // an armed watch would cost a request to remove it.
@@ -472,11 +486,11 @@ impl Session {
                     Watched::Deleted => LossReason::NodeDeleted,
                     Watched::SessionDead(state) => terminal_reason(state),
                     Watched::Other => {
-                        watch = watch_node(client.clone(), path.clone());
+                        watch = watch_node(feed.cleanup.clone(), feed.path.clone(), false);
                         continue;
                     },
                     Watched::Refused(err) => {
-                        error!(lock_node = path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
+                        error!(lock_node = &*feed.path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
                         return;
                     },
                 };
