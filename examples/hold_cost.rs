@@ -12,44 +12,18 @@
 //! until every hold watches its node, then counts what the session sends while nothing happens.
 //! Prints one JSON line.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use zk_recipes::InterProcessMutex;
 use zk_testcontainers::{op, FaultProxy, ZooKeeper};
 
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Counts live heap bytes: what a held lock keeps allocated, exactly.
-struct CountingAlloc;
-
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAlloc = CountingAlloc;
-
-fn heap_bytes() -> u64 {
-    LIVE_BYTES.load(Ordering::Relaxed) as u64
 }
 
 /// Resident set size of this process, in bytes (Linux).
@@ -73,11 +47,11 @@ async fn main() -> Result<(), BoxError> {
     let base = format!("/hold-cost-{}", std::process::id());
 
     let rss_before = rss_bytes();
-    let heap_before = heap_bytes();
+    let heap_before = counting_alloc::live_heap_bytes();
     let mutexes = (0..holds)
         .map(|i| InterProcessMutex::new(client.clone(), format!("{base}/lock-{i}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let heap_mutexes = heap_bytes();
+    let heap_mutexes = counting_alloc::live_heap_bytes();
     let started = Instant::now();
     let mut held = Vec::with_capacity(holds);
     for batch in mutexes.chunks(200) {
@@ -96,7 +70,7 @@ async fn main() -> Result<(), BoxError> {
     // Every hold sets the watch on its own node after 100 ms; let them settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_held = rss_bytes();
-    let heap_held = heap_bytes();
+    let heap_held = counting_alloc::live_heap_bytes();
 
     let before = proxy.requests();
     tokio::time::sleep(window).await;

@@ -363,7 +363,6 @@ impl Session {
         let start = self.ensure_running(&mut inner);
         drop(inner);
         self.start(start);
-        self.shared.wake.notify_one();
         Ok(AcquireTicket { shared: self.shared.clone() })
     }
 
@@ -371,9 +370,9 @@ impl Session {
     /// answered it (a write or a `sync`), not only our server (a read).
     pub(crate) fn answered(&self, sent: Instant, leader: bool) {
         let mut inner = lock(&self.shared.inner);
+        // No wake-up: a later deadline needs no action (the monitor recomputes when its timer
+        // for the earlier one fires).
         inner.answered(Answer { sent, answered: Instant::now() }, leader, self.shared.timeout);
-        drop(inner);
-        self.shared.wake.notify_one();
     }
 
     /// Starts tracking a granted hold of the node `path` (deleted through `cleanup` if the hold
@@ -400,7 +399,11 @@ impl Session {
             watching: AtomicBool::new(own_watch.is_some()),
         });
         inner.holds.insert(id, feed.clone());
+        // The monitor is woken only when it must wake earlier than it planned: for the first
+        // queued own-node watch. (Every other change here can wait for its next timer.)
+        let mut wake = false;
         if own_watch.is_none() {
+            wake = inner.watch_queue.is_empty();
             inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
         }
         let start = self.ensure_running(&mut inner);
@@ -413,7 +416,9 @@ impl Session {
         if let Some(watch) = own_watch {
             self.spawn_own_watch(&feed, Some(watch));
         }
-        self.shared.wake.notify_one();
+        if wake {
+            self.shared.wake.notify_one();
+        }
         feed
     }
 
@@ -437,10 +442,9 @@ impl Session {
         let mut inner = lock(&self.shared.inner);
         inner.holds.remove(&feed.id);
         if inner.acquires == 0 && inner.holds.is_empty() {
+            // The monitor notices at its next timer (a heartbeat at the latest) and lingers.
             inner.idle_since = Some(Instant::now());
         }
-        drop(inner);
-        self.shared.wake.notify_one();
     }
 
     /// Marks the monitor running; returns what the caller must spawn, after releasing `inner`
@@ -513,8 +517,6 @@ impl Drop for AcquireTicket {
         if inner.acquires == 0 && inner.holds.is_empty() {
             inner.idle_since = Some(Instant::now());
         }
-        drop(inner);
-        self.shared.wake.notify_one();
     }
 }
 

@@ -4,12 +4,13 @@
 //! by type, heap bytes per queued waiter.
 
 mod common;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 
 use common::*;
@@ -48,35 +49,8 @@ async fn total_watches() -> usize {
         .expect("a number")
 }
 
-/// Counts live heap bytes, to measure what a queued waiter costs.
-struct CountingAlloc;
-
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
 /// Serialises the tests of this binary (they measure process-wide numbers).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[global_allocator]
-static ALLOCATOR: CountingAlloc = CountingAlloc;
-
-fn live_heap_bytes() -> u64 {
-    LIVE_BYTES.load(Ordering::Relaxed) as u64
-}
 
 struct Drain {
     enqueue: Duration,
@@ -107,7 +81,7 @@ async fn drain(name: &str, waiters: usize, sessions: usize) -> Drain {
     let holders = Arc::new(AtomicUsize::new(0));
     let violations = Arc::new(AtomicUsize::new(0));
     let grants = Arc::new(Mutex::new(Vec::with_capacity(waiters)));
-    let heap_before = live_heap_bytes();
+    let heap_before = counting_alloc::live_heap_bytes();
     let start = Instant::now();
     let requests_at_start = proxy.requests();
     let mut tasks = Vec::with_capacity(waiters);
@@ -144,7 +118,7 @@ async fn drain(name: &str, waiters: usize, sessions: usize) -> Drain {
         assert!(start.elapsed() < Duration::from_secs(600), "waiters did not set their watches");
     }
     let enqueue = start.elapsed();
-    let bytes_per_waiter = live_heap_bytes().saturating_sub(heap_before) / waiters as u64;
+    let bytes_per_waiter = counting_alloc::live_heap_bytes().saturating_sub(heap_before) / waiters as u64;
 
     let requests_before = proxy.requests();
     let enqueue_requests = requests_during(&requests_at_start, &requests_before);

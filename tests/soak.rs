@@ -68,7 +68,11 @@ async fn worker(soak: Arc<Soak>, w: usize) {
     while !soak.stop.load(Ordering::SeqCst) {
         let (action, patience, hold_for) = {
             let mut rng = rand::rng();
-            (rng.random_range(0..10u32), Duration::from_millis(rng.random_range(50..3000)), rng.random_range(0..150u64))
+            // Most holds are short; one in ten lasts long enough (0.5–3 s) for faults to hit it
+            // while it holds, so losses are told and checked too.
+            let hold_for =
+                if rng.random_range(0..10u32) == 0 { rng.random_range(500..3000) } else { rng.random_range(0..150u64) };
+            (rng.random_range(0..10u32), Duration::from_millis(rng.random_range(50..3000)), hold_for)
         };
         let started = Instant::now();
         let outcome = match action {
