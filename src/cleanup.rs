@@ -51,8 +51,9 @@ pub(crate) struct Cleanup {
 }
 
 impl Cleanup {
-    pub(crate) fn new(client: zk::Client) -> Cleanup {
-        let runtime = Arc::new(OnceLock::new());
+    /// Deletes through `client`, on the current runtime or the one remembered in `runtime`
+    /// (shared by everything on one session).
+    pub(crate) fn new(client: zk::Client, runtime: Arc<OnceLock<Handle>>) -> Cleanup {
         if let Ok(handle) = Handle::try_current() {
             let _ = runtime.set(handle);
         }

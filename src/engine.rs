@@ -104,7 +104,9 @@ pub(crate) struct LockInternals {
 
 impl LockInternals {
     pub(crate) fn new(client: &zk::Client, dir: String, node_data: Vec<u8>) -> LockInternals {
-        LockInternals { cleanup: Arc::new(Cleanup::new(client.clone())), session: Session::of(client), dir, node_data }
+        let session = Session::of(client);
+        let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot()));
+        LockInternals { cleanup, session, dir, node_data }
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
@@ -425,7 +427,7 @@ impl LockInternals {
     }
 
     fn watch(&self, path: &str) -> NodeWatch {
-        watch_node(self.cleanup.clone(), path.into(), true)
+        watch_node(self.cleanup.clone(), path.into())
     }
 }
 
@@ -445,15 +447,23 @@ fn refused(err: &zk::Error) -> bool {
 /// A data watch on a lock node, resolving when it fires. The watch request is sent when the
 /// future is first polled.
 pub(crate) struct NodeWatch {
-    /// Set once the server confirmed the watch; only kept where someone asks (`is_armed`).
-    armed: Option<Arc<AtomicBool>>,
-    fired: Pin<Box<dyn Future<Output = Watched> + Send + 'static>>,
+    /// Set once the server confirmed the watch.
+    armed: Arc<AtomicBool>,
+    fired: WatchFuture,
 }
 
+/// The future of a watch, boxed.
+pub(crate) type WatchFuture = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
+
 impl NodeWatch {
+    /// The watch as a plain future (its "armed" flag no longer needed).
+    pub(crate) fn into_future(self) -> WatchFuture {
+        self.fired
+    }
+
     /// Whether the server has confirmed the watch (and so that the node existed then).
     pub(crate) fn is_armed(&self) -> bool {
-        self.armed.as_ref().is_some_and(|armed| armed.load(Ordering::SeqCst))
+        self.armed.load(Ordering::SeqCst)
     }
 }
 
@@ -470,11 +480,17 @@ impl Future for NodeWatch {
 ///
 /// Keep the returned future until it fires where possible: dropping an armed watch makes the
 /// client send a request to remove it.
-pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>, tracked: bool) -> NodeWatch {
+pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
+    let armed = Arc::new(AtomicBool::new(false));
+    let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
+    NodeWatch { armed, fired }
+}
+
+/// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
+/// own); `set` is set once the server confirmed the watch.
+pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
     tracing::trace!(path = &*path, "setting a data watch");
-    let armed = tracked.then(|| Arc::new(AtomicBool::new(false)));
-    let set = armed.clone();
-    let fired = Box::pin(async move {
+    {
         let client = cleanup.client();
         let path = &*path;
         let mut backoff = Backoff::new();
@@ -529,8 +545,7 @@ pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>, tracked: bool) -
                 },
             }
         }
-    });
-    NodeWatch { armed, fired }
+    }
 }
 
 /// What a data watch on a lock node reported.

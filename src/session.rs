@@ -95,7 +95,7 @@ use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
 use crate::cleanup::{Cleanup, Target};
-use crate::engine::{watch_node, NodeWatch, Watched};
+use crate::engine::{watch_once, NodeWatch, WatchFuture, Watched};
 use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::state::{LockState, LossPolicy, LossReason};
 
@@ -137,8 +137,8 @@ impl std::fmt::Debug for Session {
 
 struct Shared {
     id: i64,
-    /// The runtime the monitor and the own-node watches run on (the first acquire's).
-    runtime: OnceLock<tokio::runtime::Handle>,
+    /// The runtime the monitor, the own-node watches and cleanup run on (the first acquire's).
+    runtime: Arc<OnceLock<tokio::runtime::Handle>>,
     /// A client of the session, for heartbeats and its state only: paths are always sent
     /// through the recipe's own client, whose chroot may differ.
     client: zk::Client,
@@ -341,7 +341,7 @@ impl Session {
         sessions.retain(|_, shared| shared.strong_count() > 0);
         let shared = Arc::new(Shared {
             id,
-            runtime: OnceLock::new(),
+            runtime: Arc::new(OnceLock::new()),
             client: client.clone(),
             timeout: client.session_timeout(),
             inner: Mutex::new(Inner::default()),
@@ -349,6 +349,11 @@ impl Session {
         });
         sessions.insert(id, Arc::downgrade(&shared));
         Session { shared }
+    }
+
+    /// Where the session remembers its runtime (shared with the cleanup of its recipes).
+    pub(crate) fn runtime_slot(&self) -> Arc<OnceLock<tokio::runtime::Handle>> {
+        self.shared.runtime.clone()
     }
 
     /// Registers an acquire in flight (the monitor heartbeats while there is one), starting the
@@ -478,7 +483,9 @@ impl Session {
         if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
             return;
         }
-        let mut watch = armed.unwrap_or_else(|| watch_node(feed.cleanup.clone(), feed.path.clone(), false));
+        let watch_again =
+            |feed: &HoldFeed| -> WatchFuture { Box::pin(watch_once(feed.cleanup.clone(), feed.path.clone(), None)) };
+        let mut watch = armed.map_or_else(|| watch_again(feed), NodeWatch::into_future);
         let feed = Arc::downgrade(feed);
         self.shared.spawn(async move {
             loop {
@@ -490,7 +497,7 @@ impl Session {
                     Watched::Deleted => LossReason::NodeDeleted,
                     Watched::SessionDead(state) => terminal_reason(state),
                     Watched::Other => {
-                        watch = watch_node(feed.cleanup.clone(), feed.path.clone(), false);
+                        watch = watch_again(&feed);
                         continue;
                     },
                     Watched::Refused(err) => {
