@@ -10,7 +10,8 @@
 //! Starts its own ZooKeeper (see `zk-testcontainers`), connects one session through a
 //! `FaultProxy`, acquires `HOLDS` locks on distinct paths (one `InterProcessMutex` each), waits
 //! until every hold watches its node, then counts what the session sends while nothing happens.
-//! Prints one JSON line.
+//! Prints one JSON line. Resident memory is read after `malloc_trim` (glibc) on both sides, so it
+//! counts what is live, not what the allocator keeps cached from the acquire phase.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,21 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Returns freed heap memory to the OS (glibc), so that resident memory counts what is live
+/// rather than what the allocator keeps cached from the acquire phase.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
 }
 
 /// Resident set size of this process, in bytes (Linux).
@@ -46,6 +62,7 @@ async fn main() -> Result<(), BoxError> {
     let client = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await?;
     let base = format!("/hold-cost-{}", std::process::id());
 
+    trim_heap();
     let rss_before = rss_bytes();
     let heap_before = counting_alloc::live_heap_bytes();
     let mutexes = (0..holds)
@@ -69,6 +86,7 @@ async fn main() -> Result<(), BoxError> {
     let acquired_in = started.elapsed();
     // Every hold sets the watch on its own node after 100 ms; let them settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    trim_heap();
     let rss_held = rss_bytes();
     let heap_held = counting_alloc::live_heap_bytes();
 
