@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -222,7 +223,9 @@ async fn soak() {
     // Every session's nodes go, at the latest when their sessions end.
     soak.clients.lock().unwrap().clear();
     eventually(t * 3, "no lock nodes left", || async { children(&admin, &soak.path).await.is_empty() }).await;
-    println!(
+    // Straight to stderr, past the test harness's capture: the summary shows in CI's log too.
+    let _ = writeln!(
+        std::io::stderr(),
         "soak: {:?} with {SESSIONS} sessions: {} grants, {} fenced writes (counter {value}), losses {:?}, faults {:?}, \
          errors {:?}, max wait {} ms",
         started.elapsed(),
