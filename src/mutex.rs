@@ -320,7 +320,11 @@ impl InterProcessMutex {
         let attempt = self.inner.internals.attempt(&MUTEX_DRIVER, wait).instrument(span);
         let node = match timeout {
             None => attempt.await?,
-            Some(timeout) => tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?,
+            Some(timeout) => {
+                // The timeout's timer would panic on a runtime without timers: say so instead.
+                crate::session::check_runtime()?;
+                tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
+            },
         };
         Ok(node.map(|grant| self.register(grant)))
     }

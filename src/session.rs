@@ -603,7 +603,7 @@ fn terminal_reason(state: zk::SessionState) -> LossReason {
 }
 
 /// Whether the current tokio runtime can run the monitor (it needs timers).
-fn check_runtime() -> Result<()> {
+pub(crate) fn check_runtime() -> Result<()> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::Runtime { reason: "not called from within a tokio runtime" });
     }

@@ -277,3 +277,19 @@ fn hold_whose_runtime_shut_down_is_lost() {
     assert_eq!(guard.state(), LockState::Lost(LossReason::MonitorStopped));
     drop(guard);
 }
+
+/// `acquire_timeout` on a runtime without timers is the same clear error as `acquire`, not a
+/// panic from the timeout's timer.
+#[test]
+fn acquire_timeout_on_a_runtime_without_timers_is_a_clear_error() {
+    let setup = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let connect = setup.block_on(async { zookeeper().await.connect_string().to_owned() });
+    let app = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_io().build().unwrap();
+    let result = app.block_on(async {
+        let client =
+            zk::Client::connector().with_session_timeout(Duration::from_secs(4)).connect(&connect).await.unwrap();
+        let mutex = InterProcessMutex::new(client, unique_path("no-timers-timeout")).unwrap();
+        mutex.acquire_timeout(Duration::from_secs(1)).await.map(|guard| guard.is_some())
+    });
+    assert!(matches!(result, Err(Error::Runtime { .. })), "{result:?}");
+}
