@@ -13,12 +13,14 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::naming::{self, LockChild};
+// Each update of the slots is a few field writes: a poisoned map is still consistent.
+use crate::session::lock;
 
 /// A listing of the lock directory: its lock nodes in queue order and the directory's stat
 /// (which identifies the directory instance).
@@ -56,11 +58,6 @@ type Slots = Mutex<HashMap<Key, Slot>>;
 fn slots() -> &'static Slots {
     static SLOTS: OnceLock<Slots> = OnceLock::new();
     SLOTS.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn lock(slots: &Slots) -> MutexGuard<'_, HashMap<Key, Slot>> {
-    // Each update is a few field writes under the lock: a poisoned map is still consistent.
-    slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Counts an outstanding listing until dropped (also when its future is cancelled).

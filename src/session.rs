@@ -324,9 +324,10 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Updates under these locks are small and leave the data consistent at every step, so a
-    // poisoned lock is still usable.
+/// Locks a std mutex whose data every update leaves consistent at each step (single map
+/// operations, a few field writes), so that a lock poisoned by a panic elsewhere is still usable.
+/// Shared by the crate's process-wide tables (sessions, directory views, listing slots).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

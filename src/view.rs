@@ -34,12 +34,14 @@
 //! ensemble, never shares a view.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use zookeeper_client as zk;
 
 use crate::driver::{Decision, LockDriver};
 use crate::naming::LockChild;
+// Every update of the view is a single map operation: a panic cannot leave a half-done change.
+use crate::session::lock;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct ViewKey {
@@ -70,11 +72,6 @@ type Registry = Mutex<HashMap<ViewKey, Weak<DirView>>>;
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every update below is a single map operation: a panic cannot leave a half-done change.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl DirView {

@@ -48,7 +48,7 @@ pub(crate) struct ContainerServer {
     pub(crate) addr: String,
 }
 
-fn split_image(image: &str) -> (String, String) {
+pub(crate) fn split_image(image: &str) -> (String, String) {
     match image.rfind(':') {
         Some(i) if !image[i..].contains('/') => (image[..i].to_string(), image[i + 1..].to_string()),
         _ => (image.to_string(), "latest".to_string()),

@@ -144,10 +144,7 @@ async fn start_on_bg(settings: EnsembleBuilder) -> Result<Ensemble, HarnessError
     for _ in 0..settings.servers {
         ports.push(util::free_port()?);
     }
-    let (repo, tag_name) = match image.rsplit_once(':') {
-        Some((repo, tag)) if !tag.contains('/') => (repo.to_owned(), tag.to_owned()),
-        _ => (image.clone(), "latest".to_owned()),
-    };
+    let (repo, tag_name) = docker::split_image(&image);
     let starts = names.iter().zip(&ports).enumerate().map(|(i, (name, port))| {
         let request = GenericImage::new(repo.clone(), tag_name.clone())
             .with_exposed_port(2181.tcp())
