@@ -36,11 +36,11 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode};
+use crate::client::{RecipeClient, SessionContext};
 use crate::driver::{Decision, LockDriver};
 use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
 use crate::listing::{self, Listing};
 use crate::naming::{self, LockChild};
-use crate::session::Session;
 use crate::view::DirView;
 
 /// How many times in a row our node may vanish under us before we give up.
@@ -69,10 +69,12 @@ pub(crate) struct LockNode {
     pub view: Option<Arc<DirView>>,
 }
 
-/// A granted lock: our node, and the watch on it if one is already set.
+/// A granted lock: our node, the watch on it if one is already set, and the session it is held
+/// by.
 pub(crate) struct Grant {
     pub node: LockNode,
     pub own_watch: Option<NodeWatch>,
+    pub context: Arc<SessionContext>,
 }
 
 /// Whether an attempt waits for its turn.
@@ -91,51 +93,75 @@ enum Turn {
     NodeGone,
 }
 
-/// The engine: a lock directory on one client, and that client's session monitor.
+/// A lock recipe's engine: its lock directory, the data and ACLs of its nodes, and the client
+/// whose sessions it runs on.
 #[derive(Debug)]
 pub(crate) struct LockInternals {
-    /// Deletes our unwanted nodes; holds the recipe's client (with its chroot), through which
-    /// every path is sent.
-    cleanup: Arc<Cleanup>,
-    session: Session,
+    client: RecipeClient,
     dir: String,
     node_data: Vec<u8>,
+    acls: Vec<zk::Acl>,
 }
 
 impl LockInternals {
-    pub(crate) fn new(client: &zk::Client, dir: String, node_data: Vec<u8>) -> LockInternals {
-        let session = Session::of(client);
-        let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot()));
-        LockInternals { cleanup, session, dir, node_data }
-    }
-
-    pub(crate) fn client(&self) -> &zk::Client {
-        self.cleanup.client()
+    pub(crate) fn new(client: RecipeClient, dir: String, node_data: Vec<u8>, acls: Vec<zk::Acl>) -> LockInternals {
+        LockInternals { client, dir, node_data, acls }
     }
 
     pub(crate) fn dir(&self) -> &str {
         &self.dir
     }
 
-    pub(crate) fn session(&self) -> &Session {
-        &self.session
+    /// The session acquires run on now.
+    pub(crate) fn context(&self) -> Arc<SessionContext> {
+        self.client.context()
     }
 
-    pub(crate) fn cleanup(&self) -> &Arc<Cleanup> {
-        &self.cleanup
+    /// One acquire: an attempt on the current session, and on each session that replaces it
+    /// should it end during the attempt (a [`ManagedClient`](crate::ManagedClient) only). An
+    /// attempt never outlives its session: its node died with it, so the acquire queues again —
+    /// at the end of the queue — with a new node of the new session; nothing of the old session
+    /// is looked for or adopted. `Ok(None)` only with [`Wait::No`] when the lock is taken.
+    ///
+    /// Cancel safe: dropping the future at any point deletes the node it may have created.
+    pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
+        let mut context = self.context();
+        loop {
+            let result = OnSession { lock: self, context: &context }.attempt(driver, wait).await;
+            let Err(Error::SessionLost { .. }) = &result else { return result };
+            // Waits for the new session however long establishing it takes (a timeout around the
+            // acquire bounds it).
+            let Some(next) = self.client.replacement(&context, true).await else { return result };
+            debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
+            context = next;
+        }
     }
 
+    /// Lists the lock nodes of the directory in queue order (on the current session).
+    pub(crate) async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
+        let context = self.context();
+        OnSession { lock: self, context: &context }.sorted_children(lock_name).await
+    }
+}
+
+/// The engine on one session: everything one attempt does.
+struct OnSession<'a> {
+    lock: &'a LockInternals,
+    context: &'a Arc<SessionContext>,
+}
+
+impl OnSession<'_> {
     /// One acquire attempt. `Ok(None)` only with [`Wait::No`] when the lock is taken.
     ///
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         // The session monitor heartbeats while we wait, so a grant from the view has fresh
         // evidence that the session is alive (see `session.rs`).
-        let _ticket = self.session.begin_acquire()?;
+        let _ticket = self.context.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
-        self.cleanup.remember_runtime();
-        let mut pending = PendingNode::new(Cleanup::clone(&self.cleanup), &self.dir, protection.clone());
-        let prefix = format!("{}/{}{}", self.dir, protection, driver.lock_name());
+        self.context.cleanup.remember_runtime();
+        let mut pending = PendingNode::new(Cleanup::clone(&self.context.cleanup), &self.lock.dir, protection.clone());
+        let prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
             let (mut node, listing) = self.create(&prefix, &protection, driver.lock_name(), &mut pending).await?;
@@ -143,7 +169,7 @@ impl LockInternals {
             match self.wait_for_turn(driver, &mut node, listing, wait).await? {
                 Turn::Acquired(own_watch) => {
                     pending.disarm();
-                    return Ok(Some(Grant { node, own_watch }));
+                    return Ok(Some(Grant { node, own_watch, context: self.context.clone() }));
                 },
                 Turn::NotNow => {
                     pending.delete_now().await?;
@@ -153,7 +179,7 @@ impl LockInternals {
                     losses += 1;
                     debug!(path = &*node.path, losses, "our lock node was deleted while waiting");
                     if losses >= MAX_NODE_LOSSES {
-                        return Err(Error::LockNodeDeleted { path: self.dir.clone() });
+                        return Err(Error::LockNodeDeleted { path: self.lock.dir.clone() });
                     }
                     // Gone, as far as we can tell; should it still exist, this deletes it.
                     pending.abandon_node();
@@ -170,15 +196,15 @@ impl LockInternals {
         lock_name: &'static str,
         pending: &mut PendingNode,
     ) -> Result<(LockNode, Option<Arc<Listing>>)> {
-        let client = self.client();
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let client = self.context.client();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&self.lock.acls));
         let mut backoff = Backoff::new();
         let mut outcome_was_unknown = false;
         let mut unknown_in_a_row = 0;
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
-                match find_protected(client, &self.dir, protection).await {
+                match find_protected(client, &self.lock.dir, protection).await {
                     Ok(Some(found)) => {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
@@ -191,26 +217,26 @@ impl LockInternals {
                         backoff.wait().await;
                         continue;
                     },
-                    Err(err) => return Err(Error::zk("list", &self.dir, err)),
+                    Err(err) => return Err(Error::zk("list", &self.lock.dir, err)),
                 }
             }
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
             let sent = Instant::now();
-            let create = client.create(prefix, &self.node_data, &options);
-            let listing = listing::after_sent_requests(client, &self.dir, lock_name);
+            let create = client.create(prefix, &self.lock.node_data, &options);
+            let listing = listing::after_sent_requests(client, &self.lock.dir, lock_name);
             match create.await {
                 Ok((stat, sequence)) => {
                     // A write is answered only once the leader committed it: evidence for the
                     // session's loss deadline, so a hold granted now needs no heartbeat first.
-                    self.session.answered(sent, true);
+                    self.context.session.answered(sent, true);
                     let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
                     let listing = listing.await.and_then(Result::ok);
                     if listing.is_some() {
                         // Sent no earlier than the create: an answer a later round pairs with.
-                        self.session.answered(sent, false);
+                        self.context.session.answered(sent, false);
                     }
                     let node = LockNode { path: path.into(), sequence: sequence.into_i64(), czxid, view: None };
                     return Ok((node, listing));
@@ -225,7 +251,7 @@ impl LockInternals {
                     if unknown_in_a_row >= MAX_UNKNOWN_CREATES {
                         return Err(Error::zk(
                             "create a lock node (the connection dropped before every reply; a request the server refuses to read does that)",
-                            &self.dir,
+                            &self.lock.dir,
                             err,
                         ));
                     }
@@ -240,7 +266,7 @@ impl LockInternals {
                         // no node exists that cleanup would have to look for.
                         pending.never_created();
                     }
-                    return Err(Error::zk("create lock node in", &self.dir, err));
+                    return Err(Error::zk("create lock node in", &self.lock.dir, err));
                 },
             }
         }
@@ -248,7 +274,7 @@ impl LockInternals {
 
     /// The czxid of `path`, for servers too old to return a stat from create.
     async fn czxid_of(&self, path: &str) -> Result<i64> {
-        retry_unknown(|| self.client().get_data(path))
+        retry_unknown(|| self.context.client().get_data(path))
             .await
             .map(|(_, stat)| stat.czxid)
             .map_err(|err| Error::zk("read lock node", path, err))
@@ -257,30 +283,30 @@ impl LockInternals {
     /// Creates the lock directory and its missing ancestors as container nodes (which the server
     /// deletes once they are empty again), tolerating concurrent creation.
     async fn create_parents(&self) -> Result<()> {
-        let options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-        match retry_unknown(|| self.client().mkdir(&self.dir, &options)).await {
+        let options = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.lock.acls));
+        match retry_unknown(|| self.context.client().mkdir(&self.lock.dir, &options)).await {
             Ok(()) => Ok(()),
-            Err(zk::Error::NoNode) => Err(Error::ChrootMissing { path: self.dir.clone() }),
-            Err(zk::Error::NoAuth) => Err(Error::NoAuth { op: "create the lock path", path: self.dir.clone() }),
-            Err(err) => Err(Error::zk("create the lock path", &self.dir, err)),
+            Err(zk::Error::NoNode) => Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
+            Err(zk::Error::NoAuth) => Err(Error::NoAuth { op: "create the lock path", path: self.lock.dir.clone() }),
+            Err(err) => Err(Error::zk("create the lock path", &self.lock.dir, err)),
         }
     }
 
     /// Lists the lock nodes of the directory in queue order.
-    pub(crate) async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
-        match retry_unknown(|| self.client().list_children(&self.dir)).await {
+    async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
+        match retry_unknown(|| self.context.client().list_children(&self.lock.dir)).await {
             Ok(children) => Ok(naming::sort_lock_children(children, lock_name)),
             Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(err) => Err(Error::zk("list", &self.dir, err)),
+            Err(err) => Err(Error::zk("list", &self.lock.dir, err)),
         }
     }
 
     /// Lists the directory with its stat (which identifies the directory instance).
     async fn listing(&self, lock_name: &str) -> Result<Option<Arc<Listing>>> {
-        match retry_unknown(|| self.client().get_children(&self.dir)).await {
+        match retry_unknown(|| self.context.client().get_children(&self.lock.dir)).await {
             Ok((names, dir_stat)) => Ok(Some(Arc::new(Listing::new(names, dir_stat, lock_name)))),
             Err(zk::Error::NoNode) => Ok(None),
-            Err(err) => Err(Error::zk("list", &self.dir, err)),
+            Err(err) => Err(Error::zk("list", &self.lock.dir, err)),
         }
     }
 
@@ -293,7 +319,7 @@ impl LockInternals {
         wait: Wait,
     ) -> Result<Turn> {
         let lock_name = driver.lock_name();
-        let ours = LockChild { name: node.path[self.dir.len() + 1..].to_owned(), sequence: node.sequence };
+        let ours = LockChild { name: node.path[self.lock.dir.len() + 1..].to_owned(), sequence: node.sequence };
         // The pipelined listing was answered after our create, so it contains our node; should it
         // not (a reply from another connection), list again before concluding anything.
         let mut relisted = pipelined.is_none();
@@ -323,7 +349,7 @@ impl LockInternals {
         // Wait with the process's shared view of the directory (see `view.rs` for why deciding
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
-        let view = DirView::of(&self.dir, lock_name, &listing.dir_stat);
+        let view = DirView::of(&self.lock.dir, lock_name, &listing.dir_stat);
         view.merge(&listing.children, ours.sequence);
         drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted
@@ -335,7 +361,7 @@ impl LockInternals {
         // more before taking the lock.
         let mut own_watch = self.watch(&node.path);
         let mut own_watch_trusted = true;
-        let mut session = self.client().state_watcher();
+        let mut session = self.context.client().state_watcher();
         session.state();
         loop {
             let predecessor = match view.decide(driver, &ours) {
@@ -352,7 +378,7 @@ impl LockInternals {
                         _ = std::future::ready(()) => {},
                     }
                     if !(own_watch_trusted && own_watch.is_armed()) {
-                        match retry_unknown(|| self.client().check_stat(&node.path)).await {
+                        match retry_unknown(|| self.context.client().check_stat(&node.path)).await {
                             Ok(Some(_)) => {},
                             Ok(None) => {
                                 view.deleted(&ours);
@@ -368,7 +394,7 @@ impl LockInternals {
                 },
                 Some(Decision::WaitFor(predecessor)) => predecessor,
             };
-            let predecessor_path = format!("{}/{}", self.dir, predecessor.name);
+            let predecessor_path = format!("{}/{}", self.lock.dir, predecessor.name);
             debug!(predecessor = predecessor_path, "waiting for predecessor");
             let mut predecessor_watch = self.watch(&predecessor_path);
             loop {
@@ -412,22 +438,22 @@ impl LockInternals {
             },
             Watched::SessionDead(state) => Some(Err(self.session_lost(state.to_string()))),
             Watched::Refused(err) => {
-                Some(Err(Error::zk("watch the lock node", &format!("{}/{}", self.dir, ours.name), err)))
+                Some(Err(Error::zk("watch the lock node", &format!("{}/{}", self.lock.dir, ours.name), err)))
             },
             Watched::Other => {
                 *trusted = false;
-                *own_watch = self.watch(&format!("{}/{}", self.dir, ours.name));
+                *own_watch = self.watch(&format!("{}/{}", self.lock.dir, ours.name));
                 None
             },
         }
     }
 
     fn session_lost(&self, state: String) -> Error {
-        Error::SessionLost { path: self.dir.clone(), state }
+        Error::SessionLost { path: self.lock.dir.clone(), state }
     }
 
     fn watch(&self, path: &str) -> NodeWatch {
-        watch_node(self.cleanup.clone(), path.into())
+        watch_node(self.context.cleanup.clone(), path.into())
     }
 }
 

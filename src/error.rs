@@ -94,6 +94,18 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// No ZooKeeper session could be established with the ensemble (a [`ManagedClient`]'s first
+    /// connect).
+    ///
+    /// [`ManagedClient`]: crate::ManagedClient
+    #[error("cannot connect to ZooKeeper at {hosts:?}: {reason}")]
+    Connect {
+        /// The connect string.
+        hosts: String,
+        /// What went wrong (the last attempt's error).
+        reason: String,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {

@@ -22,15 +22,23 @@ use crate::state::{LockState, LossReason};
 pub struct FencingToken(i64);
 
 impl FencingToken {
-    /// The token as a number (the node's `czxid`).
+    /// The token as a number (the node's `czxid`), e.g. to store it next to the data it guards.
     pub fn as_i64(self) -> i64 {
         self.0
     }
+
+    /// A token from a number stored earlier with [`as_i64`](Self::as_i64), to compare it with the
+    /// token of a later hold.
+    pub fn from_i64(czxid: i64) -> FencingToken {
+        FencingToken(czxid)
+    }
 }
 
+/// The number of [`as_i64`](FencingToken::as_i64), in decimal (what `ZKLOCK_FENCING_TOKEN`-style
+/// environment variables and logs carry; it parses back with `str::parse::<i64>`).
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -44,11 +52,20 @@ impl fmt::Display for FencingToken {
 /// when the hold's last guard goes. A guard may be moved to and released from any task: the lock
 /// stays held until then, and every acquire outside a lock scope queues behind it.
 #[must_use = "dropping the guard releases the lock"]
-#[derive(Debug)]
 pub struct LockGuard {
     mutex: Arc<MutexInner>,
     pub(crate) hold: Arc<Hold>,
     released: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lock_node", &self.lock_path())
+            .field("fencing_token", &self.fencing_token())
+            .field("state", &self.hold.feed.current())
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockGuard {
@@ -76,7 +93,7 @@ impl LockGuard {
     /// [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline)) or `Lost(reason)`.
     /// `Lost` is final.
     pub fn state(&self) -> LockState {
-        self.mutex.internals.session().state(&self.hold.feed)
+        self.hold.context.session.state(&self.hold.feed)
     }
 
     /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
@@ -95,15 +112,15 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) -> LossReason {
-        self.mutex.internals.session().state(&self.hold.feed);
+        self.hold.context.session.state(&self.hold.feed);
         self.hold.feed.lost().await
     }
 
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
     /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
-        self.mutex.internals.session().state(&self.hold.feed);
-        FencedWriter::new(self, self.mutex.internals.client())
+        self.hold.context.session.state(&self.hold.feed);
+        FencedWriter::new(self, self.hold.context.client())
     }
 
     /// Releases this guard. If it was the hold's last guard, deletes the lock node and waits
@@ -117,7 +134,7 @@ impl LockGuard {
             return Ok(());
         };
         let span = info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence);
-        match self.mutex.internals.cleanup().delete_node(&node) {
+        match self.hold.context.cleanup.delete_node(&node) {
             Some(task) => async { task.await.unwrap_or(Ok(())) }.instrument(span).await,
             None => Ok(()),
         }
@@ -132,7 +149,7 @@ impl Drop for LockGuard {
         if let Some(node) = self.mutex.release_guard(&self.hold) {
             let _span =
                 info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence).entered();
-            self.mutex.internals.cleanup().delete_node(&node);
+            self.hold.context.cleanup.delete_node(&node);
         }
     }
 }

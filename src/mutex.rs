@@ -9,14 +9,19 @@ use tracing::{field, info_span, Instrument};
 use zookeeper_client as zk;
 
 use crate::cleanup::retry_unknown;
+use crate::client::{RecipeClient, SessionContext};
 use crate::driver::StandardDriver;
 use crate::engine::{Grant, LockInternals, LockNode, Wait};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::metrics::{self, Outcome};
 use crate::naming::MUTEX_LOCK_NAME;
 use crate::path::validate_lock_path;
 use crate::session::HoldFeed;
 use crate::state::{LockState, LossPolicy};
+
+/// The `recipe` label of this recipe's metrics.
+const RECIPE: &str = "mutex";
 
 const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
 
@@ -78,12 +83,20 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct InterProcessMutex {
     inner: Arc<MutexInner>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for InterProcessMutex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterProcessMutex")
+            .field("path", &self.path())
+            .field("held_in_this_process", &self.is_acquired_in_this_process())
+            .finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct MutexInner {
     pub(crate) internals: LockInternals,
     /// The holds of this mutex with their guard counts: at most one granted at a time, plus lost
@@ -105,6 +118,10 @@ pub(crate) struct Hold {
     id: u64,
     pub(crate) node: LockNode,
     pub(crate) feed: Arc<HoldFeed>,
+    /// The session holding the lock (not necessarily the client's current one).
+    pub(crate) context: Arc<SessionContext>,
+    #[cfg(feature = "metrics")]
+    granted: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -127,14 +144,28 @@ pub struct Participant {
 }
 
 /// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
-#[derive(Debug)]
+#[derive(Clone)]
 #[must_use]
 pub struct MutexBuilder {
-    client: zk::Client,
+    client: RecipeClient,
     path: String,
     node_data: Vec<u8>,
+    acls: Option<Vec<zk::Acl>>,
     loss_policy: LossPolicy,
     max_request_bytes: usize,
+}
+
+impl std::fmt::Debug for MutexBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MutexBuilder")
+            .field("client", &self.client)
+            .field("path", &self.path)
+            .field("node_data_len", &self.node_data.len())
+            .field("acls", &self.acls.as_ref().map(Vec::len))
+            .field("loss_policy", &self.loss_policy)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .finish()
+    }
 }
 
 /// ZooKeeper's default request size limit (`jute.maxbuffer`, `0xfffff`).
@@ -172,6 +203,20 @@ impl MutexBuilder {
         self
     }
 
+    /// The ACLs of the nodes this mutex creates: its lock nodes, and the container nodes of a
+    /// lock path that does not exist yet. Default: the [`ManagedClient`](crate::ManagedClient)'s
+    /// [`acls`](crate::ManagedClientBuilder::acls), or `world:anyone` with all rights on a plain
+    /// client (Curator's default).
+    ///
+    /// Who may queue for, release or block a lock is decided by the ACL of the lock path itself
+    /// (create and delete rights live on the parent): protect the lock path, e.g. with
+    /// `zookeeper_client::Acls::creator_all()` on an authenticated client. See the README's
+    /// Security section.
+    pub fn acls(mut self, acls: impl Into<Vec<zk::Acl>>) -> MutexBuilder {
+        self.acls = Some(acls.into());
+        self
+    }
+
     /// Validates the path and the sizes and builds the mutex. Nothing is sent to ZooKeeper until
     /// the first acquire.
     ///
@@ -182,14 +227,17 @@ impl MutexBuilder {
     pub fn build(self) -> Result<InterProcessMutex> {
         validate_lock_path(&self.path)?;
         let limit = self.max_request_bytes;
-        let path_size = self.path.len() + 1 + LOCK_NODE_NAME_LEN + CREATE_OVERHEAD;
+        let acls = self.acls.unwrap_or_else(|| self.client.default_acls());
+        // Each ACL: its permissions, and the scheme and id with their lengths.
+        let acl_size: usize = acls.iter().map(|acl| 12 + acl.scheme().len() + acl.id().len()).sum();
+        let path_size = self.path.len() + 1 + LOCK_NODE_NAME_LEN + CREATE_OVERHEAD + acl_size;
         if path_size > limit {
             return Err(Error::TooLarge { what: "lock path", size: self.path.len(), limit });
         }
         if path_size + self.node_data.len() > limit {
             return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
         }
-        let internals = LockInternals::new(&self.client, self.path, self.node_data);
+        let internals = LockInternals::new(self.client, self.path, self.node_data, acls);
         Ok(InterProcessMutex {
             inner: Arc::new(MutexInner {
                 internals,
@@ -209,7 +257,7 @@ impl InterProcessMutex {
     /// # Errors
     /// [`Error::InvalidPath`] if `path` is not a valid ZooKeeper path, [`Error::TooLarge`] if it
     /// is too long for the server (see [`MutexBuilder::build`]).
-    pub fn new(client: zk::Client, path: impl Into<String>) -> Result<InterProcessMutex> {
+    pub fn new(client: impl Into<RecipeClient>, path: impl Into<String>) -> Result<InterProcessMutex> {
         Self::builder(client, path).build()
     }
 
@@ -223,11 +271,12 @@ impl InterProcessMutex {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn builder(client: zk::Client, path: impl Into<String>) -> MutexBuilder {
+    pub fn builder(client: impl Into<RecipeClient>, path: impl Into<String>) -> MutexBuilder {
         MutexBuilder {
-            client,
+            client: client.into(),
             path: path.into(),
             node_data: Vec::new(),
+            acls: None,
             loss_policy: LossPolicy::default(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
@@ -311,11 +360,26 @@ impl InterProcessMutex {
     }
 
     async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
+        let started = std::time::Instant::now();
         if let Some(hold) = self.scope_hold() {
             if let Some(guard) = self.reenter_hold(&hold)? {
+                metrics::acquire(RECIPE, Outcome::Reentered, started.elapsed());
                 return Ok(Some(guard));
             }
         }
+        let result = self.queue(wait, timeout).await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) if timeout.is_some() => Outcome::TimedOut,
+            Ok(None) => Outcome::NotAvailable,
+            Err(_) => Outcome::Failed,
+        };
+        metrics::acquire(RECIPE, outcome, started.elapsed());
+        result
+    }
+
+    /// An acquire that queues a node (no re-entry).
+    async fn queue(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
         let span = info_span!("acquire", lock_path = %self.path(), sequence = field::Empty);
         let attempt = self.inner.internals.attempt(&MUTEX_DRIVER, wait).instrument(span);
         let node = match timeout {
@@ -349,7 +413,7 @@ impl InterProcessMutex {
     /// Another guard of `hold` (re-entry); fails if the hold was lost, `None` if every guard of
     /// it is already released (its node is gone: it cannot be re-entered).
     fn reenter_hold(&self, hold: &Arc<Hold>) -> Result<Option<LockGuard>> {
-        if let LockState::Lost(reason) = self.inner.internals.session().state(&hold.feed) {
+        if let LockState::Lost(reason) = hold.context.session.state(&hold.feed) {
             return Err(Error::LockLost { path: self.path().to_owned(), reason });
         }
         let mut holds = self.holds();
@@ -364,11 +428,21 @@ impl InterProcessMutex {
         Error::LockLost { path: self.path().to_owned(), reason: crate::state::LossReason::NodeDeleted }
     }
 
-    fn register(&self, Grant { node, own_watch }: Grant) -> LockGuard {
-        let internals = &self.inner.internals;
-        let feed = internals.session().track(internals.cleanup(), &node.path, self.inner.loss_policy, own_watch);
+    fn register(&self, Grant { node, own_watch, context }: Grant) -> LockGuard {
+        if own_watch.is_some() {
+            // Granted after waiting for a predecessor.
+            metrics::handoff(RECIPE);
+        }
+        let feed = context.session.track(&context.cleanup, &node.path, self.inner.loss_policy, own_watch);
         let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let hold = Arc::new(Hold { id, node, feed });
+        let hold = Arc::new(Hold {
+            id,
+            node,
+            feed,
+            context,
+            #[cfg(feature = "metrics")]
+            granted: std::time::Instant::now(),
+        });
         self.holds().push(HoldEntry { hold: hold.clone(), guards: 1 });
         LockGuard::new(self.inner.clone(), hold)
     }
@@ -377,7 +451,8 @@ impl InterProcessMutex {
     /// Nodes that are not lock nodes are left out.
     pub async fn participants(&self) -> Result<Vec<Participant>> {
         let internals = &self.inner.internals;
-        let client = internals.client();
+        let context = internals.context();
+        let client = context.client();
         let children = internals.sorted_children(MUTEX_LOCK_NAME).await?;
         let paths: Vec<String> = children.iter().map(|c| format!("{}/{}", internals.dir(), c.name)).collect();
         // All reads are sent before any reply is awaited.
@@ -423,7 +498,9 @@ impl MutexInner {
         }
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
-        self.internals.session().release(&hold.feed);
+        hold.context.session.release(&hold.feed);
+        #[cfg(feature = "metrics")]
+        metrics::hold_ended(RECIPE, hold.granted.elapsed());
         Some(holds.swap_remove(at).hold.node.clone())
     }
 }

@@ -277,7 +277,8 @@ impl HoldFeed {
         }
     }
 
-    fn current(&self) -> LockState {
+    /// The state as last told (no re-evaluation, no side effects).
+    pub(crate) fn current(&self) -> LockState {
         *lock(&self.state)
     }
 
@@ -285,22 +286,29 @@ impl HoldFeed {
         self.released.load(Ordering::SeqCst)
     }
 
-    /// Sets the state (`Lost` is final); returns whether the hold was newly lost.
+    /// Sets the state (`Lost` is final, but see [`refines`]); returns whether the hold was newly
+    /// lost.
     fn tell(&self, new: LockState) -> bool {
-        {
+        let newly_lost = {
             let mut current = lock(&self.state);
-            if matches!(*current, LockState::Lost(_)) || *current == new || self.is_released() {
+            if *current == new || self.is_released() {
                 return false;
             }
+            let newly_lost = match (*current, new) {
+                (LockState::Lost(from), LockState::Lost(to)) if refines(from, to) => false,
+                (LockState::Lost(_), _) => return false,
+                (_, new) => matches!(new, LockState::Lost(_)),
+            };
             debug!(lock_node = &*self.path, from = ?*current, to = ?new, "lock state");
             *current = new;
-        }
+            newly_lost
+        };
         self.changed.notify_waiters();
-        if let LockState::Lost(reason) = new {
+        if let (true, LockState::Lost(reason)) = (newly_lost, new) {
             warn!(lock_node = &*self.path, %reason, "lock lost");
-            return true;
+            crate::metrics::lost(reason);
         }
-        false
+        newly_lost
     }
 
     /// Tells the hold its verdict; a hold lost to the connection or the deadline gives up its
@@ -315,6 +323,14 @@ impl HoldFeed {
             }
         }
     }
+}
+
+/// Whether a hold lost for `from` is told `Lost(to)` instead once that is known: a hold lost to
+/// its connection or its deadline whose session then turns out expired says so (the reason gets
+/// more precise; the hold stays lost).
+fn refines(from: LossReason, to: LossReason) -> bool {
+    matches!(from, LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed)
+        && to == LossReason::SessionExpired
 }
 
 type Registry = Mutex<HashMap<i64, Weak<Shared>>>;
@@ -434,9 +450,19 @@ impl Session {
         if !feed.watching.load(Ordering::Relaxed) {
             self.spawn_own_watch(feed, None);
         }
-        if !matches!(feed.current(), LockState::Lost(_)) {
-            let class = lock(&self.shared.inner).health.class(self.shared.timeout, Instant::now());
-            feed.apply(verdict(class, feed.policy));
+        match feed.current() {
+            LockState::Lost(reason) => {
+                // The monitor may have stopped since: ask the client whether the session expired.
+                if refines(reason, LossReason::SessionExpired)
+                    && self.shared.client.state() == zk::SessionState::Expired
+                {
+                    feed.tell(LockState::Lost(LossReason::SessionExpired));
+                }
+            },
+            _ => {
+                let class = lock(&self.shared.inner).health.class(self.shared.timeout, Instant::now());
+                feed.apply(verdict(class, feed.policy));
+            },
         }
         feed.current()
     }

@@ -13,8 +13,20 @@ pub enum LockState {
     /// deadline has not passed: the lock is probably still ours. Only that policy reports this
     /// state (a connection that is up but stops answering stays `Held` until the deadline).
     Suspended,
-    /// The lock can no longer be trusted. Final: a lost guard never returns to `Held`.
+    /// The lock can no longer be trusted. Final: a lost guard never returns to `Held`. The reason
+    /// may become more precise once: a hold lost to its connection or its deadline reports
+    /// [`LossReason::SessionExpired`] once the session is known to have expired.
     Lost(LossReason),
+}
+
+impl std::fmt::Display for LockState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockState::Held => f.write_str("held"),
+            LockState::Suspended => f.write_str("suspended (connection lost, session deadline not passed)"),
+            LockState::Lost(reason) => write!(f, "lost: {reason}"),
+        }
+    }
 }
 
 /// Why a lock was lost.
@@ -63,6 +75,7 @@ impl std::fmt::Display for LossReason {
 
 /// When a lost connection means a lost lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LossPolicy {
     /// Curator's standard policy: the lock is [`LockState::Lost`] at the first of: the connection
     /// is lost, no heartbeat was answered on it for 0.4 × the session timeout T (a stalled or

@@ -1,0 +1,188 @@
+//! A small job service: several workers, each with its own ZooKeeper session, process jobs under
+//! per-job locks `/jobs/<id>` and write results, fenced by the lock's token, into a toy store.
+//! Workers contain no reconnection code: a [`ManagedClient`] gives them a new session after an
+//! expiry, and their mutexes keep working.
+//!
+//! ```sh
+//! cargo run --example worker          # starts ZooKeeper, expires a worker's session and
+//!                                     # restarts ZooKeeper mid-run; checks every job got done
+//! ZK_CONNECT=127.0.0.1:2181 cargo run --example worker   # against a running server, no faults
+//! ```
+//! Ctrl-C stops the workers cleanly: each finishes or abandons its current job and releases its
+//! lock before exiting.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use zk_recipes::{ConnectionState, FencingToken, InterProcessMutex, ManagedClient};
+use zk_testcontainers::{expire_session, ZooKeeper};
+
+const WORKERS: usize = 3;
+const JOBS: u32 = 60;
+const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// A toy result store that, like any resource guarded by a lock should, rejects a write carrying a
+/// fencing token lower than the highest it has seen for that job.
+#[derive(Default)]
+struct Store {
+    results: Mutex<HashMap<u32, (FencingToken, String)>>,
+    stale_writes: AtomicU64,
+}
+
+impl Store {
+    fn is_done(&self, job: u32) -> bool {
+        self.results.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&job)
+    }
+
+    fn write(&self, job: u32, token: FencingToken, result: String) -> bool {
+        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        if results.get(&job).is_some_and(|(highest, _)| *highest > token) {
+            self.stale_writes.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        results.insert(job, (token, result));
+        true
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    processed: AtomicU64,
+    lost: AtomicU64,
+    new_sessions: AtomicU64,
+}
+
+async fn worker(
+    name: String,
+    zk: ManagedClient,
+    store: Arc<Store>,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+) -> zk_recipes::Result<()> {
+    let mut mutexes: HashMap<u32, InterProcessMutex> = HashMap::new();
+    let offset = name.bytes().map(u32::from).sum::<u32>();
+    loop {
+        let pending: Vec<u32> = (0..JOBS).map(|i| (i + offset) % JOBS).filter(|job| !store.is_done(*job)).collect();
+        if pending.is_empty() || *stop.borrow() {
+            return Ok(());
+        }
+        for job in pending {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let mutex = match mutexes.get(&job) {
+                Some(mutex) => mutex.clone(),
+                None => {
+                    let mutex =
+                        InterProcessMutex::builder(&zk, format!("/jobs/{job}")).node_data(name.clone()).build()?;
+                    mutexes.insert(job, mutex.clone());
+                    mutex
+                },
+            };
+            // Another worker has it: try the next job.
+            let Some(guard) = mutex.try_acquire().await? else { continue };
+            if store.is_done(job) {
+                continue;
+            }
+            let work = tokio::time::sleep(Duration::from_millis(100 + u64::from(job % 5) * 25));
+            tokio::select! {
+                _ = work => {
+                    let result = format!("job {job} by {name}");
+                    if store.write(job, guard.fencing_token(), result) {
+                        counters.processed.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                reason = guard.lost() => {
+                    counters.lost.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("{name}: lock of job {job} lost ({reason}); abandoning it");
+                },
+                _ = stop.changed() => {},
+            }
+            guard.release().await?;
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    let zookeeper = ZooKeeper::start().await?;
+    let connect = zookeeper.connect_string().to_owned();
+    println!("ZooKeeper at {connect}");
+
+    let store = Arc::new(Store::default());
+    let counters = Arc::new(Counters::default());
+    let (stop_tx, stop) = watch::channel(false);
+    let mut clients = Vec::new();
+    let mut workers = Vec::new();
+    for i in 0..WORKERS {
+        let zk = ManagedClient::builder(connect.as_str()).session_timeout(SESSION_TIMEOUT).connect().await?;
+        let mut states = zk.state_watcher();
+        let counted = counters.clone();
+        let name = format!("worker-{i}");
+        let label = name.clone();
+        tokio::spawn(async move {
+            while let Some(state) = states.changed().await {
+                eprintln!("{label}: connection {state}");
+                if state == ConnectionState::NewSession {
+                    counted.new_sessions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        clients.push(zk.clone());
+        workers.push(tokio::spawn(worker(name, zk, store.clone(), counters.clone(), stop.clone())));
+    }
+
+    let started = Instant::now();
+    let faults = async {
+        // Only against a server of our own: expire one worker's session, then restart ZooKeeper.
+        if std::env::var_os("ZK_CONNECT").is_some() {
+            return std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        eprintln!("-- expiring worker-0's session");
+        if let Err(err) = expire_session(&connect, &clients[0].client()).await {
+            eprintln!("could not expire the session: {err}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        eprintln!("-- restarting ZooKeeper");
+        if let Err(err) = zookeeper.restart().await {
+            eprintln!("could not restart ZooKeeper: {err}");
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("Ctrl-C: stopping workers (each releases its lock)");
+            let _ = stop_tx.send(true);
+        }
+    });
+    let all_done = async {
+        for worker in &mut workers {
+            worker.await??;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    };
+    tokio::select! {
+        result = all_done => result?,
+        _ = faults => {},
+    }
+    let stopped = *stop.borrow();
+
+    let done = (0..JOBS).filter(|job| store.is_done(*job)).count();
+    println!(
+        "{{\"jobs\":{JOBS},\"done\":{done},\"processed\":{},\"stale_writes_rejected\":{},\"locks_lost\":{},\"new_sessions\":{},\"secs\":{:.1}}}",
+        counters.processed.load(Ordering::Relaxed),
+        store.stale_writes.load(Ordering::Relaxed),
+        counters.lost.load(Ordering::Relaxed),
+        counters.new_sessions.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
+    );
+    if !stopped && done != JOBS as usize {
+        return Err(format!("only {done} of {JOBS} jobs done").into());
+    }
+    Ok(())
+}

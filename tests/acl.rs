@@ -1,0 +1,156 @@
+//! ACLs: a lock directory protected with digest auth cannot be queued in, emptied, listed or
+//! blocked by anyone else, and auth data never shows in `Debug` or logs — against a real
+//! ZooKeeper.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{client, unique_path, zookeeper};
+use zk_recipes::{Error, InterProcessMutex, LockState, ManagedClient};
+use zookeeper_client as zk;
+
+const AUTH: &[u8] = b"orders:s3cret-for-acl-test";
+const SECRET: &str = "s3cret-for-acl-test";
+
+async fn protected_client() -> ManagedClient {
+    ManagedClient::builder(zookeeper().await.connect_string())
+        .auth("digest", AUTH)
+        .acls(zk::Acls::creator_all().to_vec())
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn intruders() -> Vec<(&'static str, zk::Client)> {
+    let connect = zookeeper().await.connect_string();
+    let other = zk::Client::connector().with_auth("digest", b"intruder:pw").connect(connect).await.unwrap();
+    vec![("unauthenticated", client().await), ("another principal", other)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protected_lock_directory_keeps_others_out() {
+    let zk = protected_client().await;
+    let path = unique_path("acl");
+    let mutex = InterProcessMutex::new(&zk, &path).unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    let node = guard.lock_path().to_owned();
+
+    // The directory (created by the recipe) and the lock node carry the creator's digest ACL.
+    for created in [&path, &node] {
+        let (acls, _) = zk.client().get_acl(created).await.unwrap();
+        assert_eq!(acls.len(), 1, "{created}: {acls:?}");
+        assert_eq!(acls[0].scheme(), "digest", "{created}: {acls:?}");
+        assert!(acls[0].id().starts_with("orders:"), "{created}: {acls:?}");
+    }
+
+    for (who, intruder) in intruders().await {
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        // Cannot block the lock with a node of its own ...
+        let blocker = format!("{path}/lock-0000000000");
+        assert_eq!(intruder.create(&blocker, b"", &persistent).await.unwrap_err(), zk::Error::NoAuth, "{who}");
+        // ... nor delete the holder's node, overwrite its data, or list the queue.
+        assert_eq!(intruder.delete(&node, None).await.unwrap_err(), zk::Error::NoAuth, "{who}");
+        assert_eq!(intruder.set_data(&node, b"mine", None).await.unwrap_err(), zk::Error::NoAuth, "{who}");
+        assert_eq!(intruder.list_children(&path).await.unwrap_err(), zk::Error::NoAuth, "{who}");
+
+        // Through the recipe: a clear NoAuth error, and the holder is unharmed.
+        let theirs = InterProcessMutex::new(intruder.clone(), &path).unwrap();
+        let err = theirs.try_acquire().await.unwrap_err();
+        assert!(matches!(err, Error::NoAuth { .. }), "{who}: {err:?}");
+        assert!(err.to_string().contains("not authorized"), "{who}: {err}");
+        let err = tokio::time::timeout(Duration::from_secs(10), theirs.acquire()).await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::NoAuth { .. }), "{who}: {err:?}");
+        let err = theirs.participants().await.unwrap_err();
+        assert!(matches!(err, Error::NoAuth { .. }), "{who}: {err:?}");
+    }
+    assert_eq!(guard.state(), LockState::Held);
+    assert_eq!(mutex.participants().await.unwrap().len(), 1);
+
+    // The same principal on another session queues normally.
+    let colleague = protected_client().await;
+    let second = InterProcessMutex::new(&colleague, &path).unwrap();
+    assert!(second.try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let next = second.acquire().await.unwrap();
+    next.release().await.unwrap();
+}
+
+/// A recipe builder's ACLs override the client's default, also on a plain client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_acls_on_a_plain_client() {
+    let connect = zookeeper().await.connect_string();
+    let plain = zk::Client::connector().with_auth("digest", AUTH).connect(connect).await.unwrap();
+    let path = unique_path("acl-builder");
+    let mutex =
+        InterProcessMutex::builder(plain.clone(), &path).acls(zk::Acls::creator_all().to_vec()).build().unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    let (acls, _) = plain.get_acl(guard.lock_path()).await.unwrap();
+    assert_eq!(acls[0].scheme(), "digest");
+    let (_, outsider) = intruders().await.remove(0);
+    assert_eq!(outsider.delete(guard.lock_path(), None).await.unwrap_err(), zk::Error::NoAuth);
+    guard.release().await.unwrap();
+
+    // Without auth, `auth` ACLs are refused by the server: a clear error, no node left.
+    let unauthenticated = client().await;
+    let refused = InterProcessMutex::builder(unauthenticated, unique_path("acl-invalid"))
+        .acls(zk::Acls::creator_all().to_vec())
+        .build()
+        .unwrap();
+    let err = refused.try_acquire().await.unwrap_err();
+    assert!(err.to_string().contains("InvalidAcl") || err.to_string().to_lowercase().contains("acl"), "{err}");
+}
+
+/// A `tracing` writer collecting everything into a buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Auth bytes never reach `Debug` output or logs (at the most verbose level, every target).
+/// A current-thread runtime, so every task — ours and the client library's — logs into the
+/// capture installed for this thread.
+#[tokio::test]
+async fn auth_never_in_debug_or_logs() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let builder = ManagedClient::builder(zookeeper().await.connect_string())
+        .auth("digest", AUTH)
+        .acls(zk::Acls::creator_all().to_vec());
+    let builder_debug = format!("{builder:?}");
+    let zk = builder.connect().await.unwrap();
+    let mutex = InterProcessMutex::new(&zk, unique_path("acl-logs")).unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    let debug =
+        [builder_debug, format!("{zk:?}"), format!("{mutex:?}"), format!("{guard:?}"), format!("{:?}", zk.state())];
+    guard.release().await.unwrap();
+    drop((mutex, zk));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for shown in &debug {
+        assert!(!shown.contains(SECRET), "Debug shows the secret: {shown}");
+        assert!(shown.len() < 400, "Debug is not compact ({} bytes): {shown}", shown.len());
+    }
+    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    assert!(logs.contains("ZooKeeper session established"), "the capture works: {logs}");
+    assert!(!logs.contains(SECRET), "a log line shows the secret");
+    assert!(!logs.contains(&format!("{:?}", AUTH)), "a log line shows the auth bytes");
+}
