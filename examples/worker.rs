@@ -101,7 +101,10 @@ async fn worker(
                 },
                 _ = stop.changed() => {},
             }
-            guard.release().await?;
+            // A release can fail only when the session is unusable; the node then goes with it.
+            if let Err(err) = guard.release().await {
+                eprintln!("{name}: release of job {job}: {err}");
+            }
         }
     }
 }

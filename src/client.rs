@@ -19,11 +19,12 @@
 //!    [`ConnectionState::NewSession`]. From then on every acquire runs on the new session; the new
 //!    session gets a monitor of its own, whose evidence starts cold (`session.rs`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use zookeeper_client as zk;
 
 use crate::cleanup::Cleanup;
@@ -145,6 +146,9 @@ pub enum ConnectionState {
     Lost,
     /// A new session was established after [`Lost`](Self::Lost); recipes use it from now on.
     NewSession,
+    /// The ensemble refused our authentication for a new session. Final: the managed client
+    /// stops establishing sessions, and acquires fail with [`Error::SessionLost`].
+    AuthFailed,
 }
 
 impl std::fmt::Display for ConnectionState {
@@ -155,6 +159,7 @@ impl std::fmt::Display for ConnectionState {
             ConnectionState::Reconnected => "reconnected",
             ConnectionState::Lost => "lost",
             ConnectionState::NewSession => "new session",
+            ConnectionState::AuthFailed => "authentication failed (final)",
         })
     }
 }
@@ -198,8 +203,11 @@ struct Managed {
     connector: zk::Connector,
     acls: Vec<zk::Acl>,
     current: Mutex<Arc<SessionContext>>,
-    /// Bumped with every new session.
+    /// Bumped with every new session, and when the supervisor stops.
     generation: watch::Sender<u64>,
+    /// Whether the supervisor still runs (establishes new sessions). An acquire waits for a new
+    /// session only while it does.
+    supervising: AtomicBool,
     state: Mutex<ConnectionState>,
     states: broadcast::Sender<ConnectionState>,
     supervisor: Mutex<Option<tokio::task::AbortHandle>>,
@@ -321,6 +329,7 @@ impl ManagedClientBuilder {
             acls: self.acls,
             current: Mutex::new(context.clone()),
             generation: watch::Sender::new(0),
+            supervising: AtomicBool::new(true),
             state: Mutex::new(ConnectionState::Connected),
             states,
             supervisor: Mutex::new(None),
@@ -380,6 +389,9 @@ impl ManagedClient {
 
     /// The current session's `zookeeper_client::Client`, for direct ZooKeeper operations. After
     /// an expiry it is dead; call this again to get the new session's.
+    ///
+    /// Build recipes on the managed client itself (`InterProcessMutex::new(&zk, ..)`), not on
+    /// this: a recipe built on a plain `Client` stays on its session and does not recover.
     pub fn client(&self) -> zk::Client {
         self.context().client().clone()
     }
@@ -410,10 +422,10 @@ impl ManagedClient {
             if !Arc::ptr_eq(&current, ended) {
                 return Some(current);
             }
-            if !wait {
+            // The supervisor gone (it gave up, or its runtime shut down), no session will come.
+            if !wait || !self.inner.supervising.load(Ordering::SeqCst) {
                 return None;
             }
-            // The sender lives as long as `self`.
             if generation.changed().await.is_err() {
                 return None;
             }
@@ -435,11 +447,31 @@ impl Managed {
     }
 }
 
-/// Follows the managed client's sessions (see the module docs), until the client is dropped.
+/// Marks the supervisor stopped however its task ends (given up, aborted, its runtime shut down),
+/// and wakes acquires waiting for a new session so they fail instead of waiting for ever.
+struct Supervising(Weak<Managed>);
+
+impl Drop for Supervising {
+    fn drop(&mut self) {
+        if let Some(managed) = self.0.upgrade() {
+            managed.supervising.store(false, Ordering::SeqCst);
+            managed.generation.send_modify(|generation| *generation += 1);
+        }
+    }
+}
+
+/// Follows the managed client's sessions (see the module docs), until the client is dropped or
+/// authentication is refused.
 async fn supervise(managed: Weak<Managed>, mut client: zk::Client) {
+    let _supervising = Supervising(managed.clone());
     loop {
         let mut states = client.state_watcher();
         let mut seen = states.state();
+        if seen == zk::SessionState::Disconnected {
+            if let Some(managed) = managed.upgrade() {
+                managed.publish(ConnectionState::Suspended);
+            }
+        }
         let ended = loop {
             if seen.is_terminated() {
                 break seen;
@@ -447,7 +479,7 @@ async fn supervise(managed: Weak<Managed>, mut client: zk::Client) {
             let state = states.changed().await;
             let Some(managed) = managed.upgrade() else { return };
             match state {
-                zk::SessionState::Disconnected => managed.publish(ConnectionState::Suspended),
+                zk::SessionState::Disconnected if state != seen => managed.publish(ConnectionState::Suspended),
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                     if state == seen {
                         // Down and up again between two looks.
@@ -473,6 +505,13 @@ async fn supervise(managed: Weak<Managed>, mut client: zk::Client) {
             };
             match tokio::time::timeout(SESSION_ATTEMPT_LIMIT, connector.connect(&hosts)).await {
                 Ok(Ok(client)) => break client,
+                Ok(Err(zk::Error::AuthFailed)) => {
+                    error!(hosts, "ZooKeeper refused our authentication; no more sessions will be established");
+                    if let Some(managed) = managed.upgrade() {
+                        managed.publish(ConnectionState::AuthFailed);
+                    }
+                    return;
+                },
                 Ok(Err(err)) => warn!(hosts, %err, "cannot establish a new ZooKeeper session yet"),
                 Err(_) => warn!(hosts, "cannot establish a new ZooKeeper session yet (timed out)"),
             }

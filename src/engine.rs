@@ -127,11 +127,19 @@ impl LockInternals {
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         let mut context = self.context();
         loop {
-            let result = OnSession { lock: self, context: &context }.attempt(driver, wait).await;
+            let on_session = OnSession { lock: self, context: &context };
+            let result = match on_session.attempt(driver, wait).await {
+                // Granted from replies that arrived just before the session ended: the node is
+                // gone (or goes when the server times the session out), so is the lock.
+                Ok(Some(_)) if context.client().state().is_terminated() => {
+                    Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+                },
+                result => result,
+            };
             let Err(Error::SessionLost { .. }) = &result else { return result };
-            // Waits for the new session however long establishing it takes (a timeout around the
-            // acquire bounds it).
-            let Some(next) = self.client.replacement(&context, true).await else { return result };
+            // `acquire` waits for the new session however long establishing it takes (a timeout
+            // around it bounds that); `try_acquire` only takes one already there.
+            let Some(next) = self.client.replacement(&context, wait == Wait::Forever).await else { return result };
             debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
             context = next;
         }

@@ -47,9 +47,12 @@ pub enum Error {
 
     /// The ZooKeeper session has expired (or the client failed authentication or was closed).
     ///
-    /// A `zookeeper_client::Client` never recovers from this: every ephemeral node of the session,
-    /// including any lock node, is gone. Create a new `Client` and a new `InterProcessMutex`.
-    #[error("ZooKeeper session is no longer usable ({state}) while working on {path:?}: its lock nodes are gone; create a new zookeeper_client::Client and a new InterProcessMutex")]
+    /// A plain `zookeeper_client::Client` never recovers from this: every ephemeral node of the
+    /// session, including any lock node, is gone. Create a new `Client` and a new
+    /// `InterProcessMutex`, or use a [`ManagedClient`](crate::ManagedClient), whose recipes see
+    /// this only from `try_acquire` while a new session is being established, or once it gave up
+    /// ([`ConnectionState::AuthFailed`](crate::ConnectionState::AuthFailed)).
+    #[error("ZooKeeper session is no longer usable ({state}) while working on {path:?}: its lock nodes are gone; a ManagedClient establishes a new session by itself, a plain client cannot: create a new zookeeper_client::Client and a new InterProcessMutex (or use a ManagedClient)")]
     SessionLost {
         /// The lock path.
         path: String,

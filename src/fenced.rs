@@ -85,21 +85,33 @@ impl<'a> FencedWriter<'a> {
     }
 
     /// Adds a data update of `path` (with `expected_version`, or any version with `None`).
+    ///
+    /// # Errors
+    /// [`Error::ZooKeeper`] if `path` is not a valid ZooKeeper path (checked before sending).
     pub fn add_set_data(&mut self, path: &str, data: &[u8], expected_version: Option<i32>) -> Result<()> {
         self.writer.add_set_data(path, data, expected_version).map_err(|err| Error::zk("add set_data", path, err))
     }
 
     /// Adds a node creation.
+    ///
+    /// # Errors
+    /// [`Error::ZooKeeper`] if `path` is not a valid ZooKeeper path (checked before sending).
     pub fn add_create(&mut self, path: &str, data: &[u8], options: &zk::CreateOptions<'_>) -> Result<()> {
         self.writer.add_create(path, data, options).map_err(|err| Error::zk("add create", path, err))
     }
 
     /// Adds a node deletion (with `expected_version`, or any version with `None`).
+    ///
+    /// # Errors
+    /// [`Error::ZooKeeper`] if `path` is not a valid ZooKeeper path (checked before sending).
     pub fn add_delete(&mut self, path: &str, expected_version: Option<i32>) -> Result<()> {
         self.writer.add_delete(path, expected_version).map_err(|err| Error::zk("add delete", path, err))
     }
 
     /// Adds a check that `path` has data version `version`.
+    ///
+    /// # Errors
+    /// [`Error::ZooKeeper`] if `path` is not a valid ZooKeeper path (checked before sending).
     pub fn add_check_version(&mut self, path: &str, version: i32) -> Result<()> {
         self.writer.add_check_version(path, version).map_err(|err| Error::zk("add check", path, err))
     }
@@ -108,6 +120,12 @@ impl<'a> FencedWriter<'a> {
     /// lock check), in order.
     ///
     /// Refused without sending anything if the guard already knows the lock is lost.
+    ///
+    /// # Errors
+    /// [`FencedWriteError::LockLost`] if our lock node is gone (nothing was written),
+    /// [`FencedWriteError::NoAuth`] if ACLs refused an operation, `OperationFailed` with the index
+    /// of the first of your operations that failed (nothing was written), and `Request` when the
+    /// outcome is unknown (the connection was lost before the reply).
     pub async fn commit(mut self) -> Result<Vec<zk::MultiWriteResult>, FencedWriteError> {
         if let LockState::Lost(_) = self.guard.state() {
             return Err(FencedWriteError::LockLost);

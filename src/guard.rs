@@ -128,6 +128,15 @@ impl LockGuard {
     /// the server has removed or will remove the node and this returns `Ok`.
     ///
     /// Cancel safe: if this future is dropped, the deletion still completes in the background.
+    ///
+    /// # Errors
+    /// [`Error::SessionLost`] when the client became unusable (authentication failed) while the
+    /// server keeps the session: the node goes when the server times the session out.
+    /// [`Error::ZooKeeper`] or [`Error::NoAuth`] if the server refused the delete.
+    ///
+    /// [`Error::SessionLost`]: crate::Error::SessionLost
+    /// [`Error::ZooKeeper`]: crate::Error::ZooKeeper
+    /// [`Error::NoAuth`]: crate::Error::NoAuth
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         let Some(node) = self.mutex.release_guard(&self.hold) else {

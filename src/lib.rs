@@ -26,6 +26,7 @@ pub use error::{Error, Result};
 pub use fenced::{FencedWriteError, FencedWriter};
 pub use guard::{FencingToken, LockGuard};
 pub use mutex::{InterProcessMutex, MutexBuilder, Participant, DEFAULT_MAX_REQUEST_BYTES};
+pub use path::validate_lock_path;
 pub use state::{LockState, LossPolicy, LossReason};
 /// The ZooKeeper client library this crate is built on (`zookeeper-client` 0.11, feature `tokio`),
 /// re-exported so applications use the very version recipes take.

@@ -52,8 +52,10 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 ///
 /// **Sessions.** A lock is only as good as the ZooKeeper session that holds it. One monitor per
 /// session tells every hold when the session is lost, stalled or past its loss deadline (see
-/// [`LossPolicy`]). If the session expires, the `Client` is dead for good: acquires fail with
-/// [`Error::SessionLost`], and a new `Client` (and `InterProcessMutex`) is needed.
+/// [`LossPolicy`]). Built on a [`ManagedClient`](crate::ManagedClient), the mutex survives a
+/// session expiry: holds report it, and acquires queue again on the new session. Built on a
+/// plain `zookeeper_client::Client`, it is dead with that session: acquires fail with
+/// [`Error::SessionLost`].
 ///
 /// `InterProcessMutex` is cheap to clone (clones are the same mutex) and is
 /// `Send + Sync + 'static`.
@@ -132,6 +134,7 @@ struct HoldEntry {
 
 /// One process in the lock's queue, as listed by [`InterProcessMutex::participants`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Participant {
     /// Full path of the participant's lock node.
     pub path: String,
@@ -141,6 +144,8 @@ pub struct Participant {
     pub data: Vec<u8>,
     /// Whether this participant holds the lock (it is first in the queue).
     pub is_holder: bool,
+    /// The ZooKeeper session that owns the node (its `ephemeralOwner`).
+    pub session_id: i64,
 }
 
 /// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
@@ -308,7 +313,8 @@ impl InterProcessMutex {
     }
 
     /// Takes the lock if it is free right now; `Ok(None)` if another holder or an earlier waiter
-    /// is ahead of us. Never waits for a holder (it does talk to ZooKeeper: a create, a listing
+    /// is ahead of us. On a [`ManagedClient`](crate::ManagedClient) between an expiry and the new
+    /// session, fails with [`Error::SessionLost`] instead of waiting for the session. Never waits for a holder (it does talk to ZooKeeper: a create, a listing
     /// and, when the lock is taken, a delete). Re-enters inside a lock scope, like `acquire`.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
@@ -319,8 +325,10 @@ impl InterProcessMutex {
         self.acquire_with(Wait::No, None).await
     }
 
-    /// Waits at most `timeout` for the lock; `Ok(None)` if it was not granted in time. Our queued
-    /// node is then deleted in the background.
+    /// Waits at most `timeout` for the lock; `Ok(None)` if it was not granted in time — also when
+    /// a [`ManagedClient`](crate::ManagedClient) had no session for the whole time (its
+    /// [`state`](crate::ManagedClient::state) tells the two apart). Our queued node is then
+    /// deleted in the background.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
     ///
@@ -449,6 +457,10 @@ impl InterProcessMutex {
 
     /// Lists everyone queued on this lock path, holder first, with the data of their nodes.
     /// Nodes that are not lock nodes are left out.
+    ///
+    /// # Errors
+    /// [`Error::NoAuth`] if we may not list the lock path or read a node, [`Error::SessionLost`]
+    /// if the session is dead, [`Error::ZooKeeper`] for other failures.
     pub async fn participants(&self) -> Result<Vec<Participant>> {
         let internals = &self.inner.internals;
         let context = internals.context();
@@ -459,17 +471,23 @@ impl InterProcessMutex {
         let reads: Vec<_> = paths.iter().map(|path| client.get_data(path)).collect();
         let mut participants = Vec::with_capacity(children.len());
         for ((child, path), read) in children.iter().zip(&paths).zip(reads) {
-            let data = match read.await {
-                Ok((data, _)) => data,
+            let (data, stat) = match read.await {
+                Ok(read) => read,
                 Err(zk::Error::NoNode) => continue,
                 Err(_) => match retry_unknown(|| client.get_data(path)).await {
-                    Ok((data, _)) => data,
+                    Ok(read) => read,
                     Err(zk::Error::NoNode) => continue,
                     Err(err) => return Err(Error::zk("read lock node", path, err)),
                 },
             };
             let is_holder = participants.is_empty();
-            participants.push(Participant { path: path.clone(), sequence: child.sequence, data, is_holder });
+            participants.push(Participant {
+                path: path.clone(),
+                sequence: child.sequence,
+                data,
+                is_holder,
+                session_id: stat.ephemeral_owner,
+            });
         }
         Ok(participants)
     }

@@ -2,11 +2,13 @@
 
 use crate::error::{Error, Result};
 
-/// Checks that `path` is an absolute, normalised ZooKeeper path usable as a lock directory.
+/// Checks that `path` is an absolute, normalised ZooKeeper path usable as a lock path, as recipe
+/// builders do — for tools that want to refuse a bad path before connecting.
 ///
-/// Returns a clear [`Error::InvalidPath`] instead of letting the client library panic or the
-/// server reject it later.
-pub(crate) fn validate_lock_path(path: &str) -> Result<()> {
+/// # Errors
+/// [`Error::InvalidPath`], saying what is wrong, instead of letting the client library panic or
+/// the server reject the path later.
+pub fn validate_lock_path(path: &str) -> Result<()> {
     let invalid = |reason| Err(Error::InvalidPath { path: path.to_owned(), reason });
     if path.is_empty() {
         return invalid("the path is empty");

@@ -303,11 +303,12 @@ impl HoldFeed {
             *current = new;
             newly_lost
         };
-        self.changed.notify_waiters();
         if let (true, LockState::Lost(reason)) = (newly_lost, new) {
             warn!(lock_node = &*self.path, %reason, "lock lost");
             crate::metrics::lost(reason);
         }
+        // Waiters are woken last, when everything the loss entails has been recorded.
+        self.changed.notify_waiters();
         newly_lost
     }
 
@@ -429,7 +430,7 @@ impl Session {
             inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
         }
         let start = self.ensure_running(&mut inner);
-        let class = inner.health.class(self.shared.timeout, now);
+        let class = self.shared.class_now(&inner, now);
         drop(inner);
         self.start(start);
         // Granted on a session we cannot vouch for (dead, deadline passed, or connection lost
@@ -460,7 +461,7 @@ impl Session {
                 }
             },
             _ => {
-                let class = lock(&self.shared.inner).health.class(self.shared.timeout, Instant::now());
+                let class = self.shared.class_now(&lock(&self.shared.inner), Instant::now());
                 feed.apply(verdict(class, feed.policy));
             },
         }
@@ -591,6 +592,16 @@ impl Inner {
 }
 
 impl Shared {
+    /// The session's condition now: the monitor's view, unless the client already knows the
+    /// session is dead (the monitor may not have run since).
+    fn class_now(&self, inner: &Inner, now: Instant) -> Class {
+        let state = self.client.state();
+        if state.is_terminated() {
+            return Class::Dead(terminal_reason(state));
+        }
+        inner.health.class(self.timeout, now)
+    }
+
     /// Spawns on the current runtime, or the one the session's first acquire ran on. A runtime
     /// that has shut down drops the task at once (the holds it would feed are lost, see
     /// [`StopGuard`]).

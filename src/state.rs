@@ -3,6 +3,9 @@
 //! every hold's state up to date.
 
 /// Whether a lock is still held, as far as this process can tell.
+///
+/// Deliberately not `#[non_exhaustive]`: these three states are the lock's contract, and a
+/// `match` on them should stay exhaustive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockState {
     /// Held: the ZooKeeper leader was heard from recently enough that it cannot have expired the

@@ -150,6 +150,13 @@ async fn server_down_longer_than_t_then_a_new_session() {
     // The client library declares the session expired after 1.4 T without a connection.
     tokio::time::sleep(T * 2).await;
     assert!(matches!(guard.state(), LockState::Lost(_)), "{:?}", guard.state());
+    // No session now: `try_acquire` says so at once instead of waiting for one; `acquire` waits.
+    let err = tokio::time::timeout(Duration::from_secs(5), mutex.try_acquire()).await.expect("no hang").unwrap_err();
+    assert!(matches!(err, Error::SessionLost { .. }), "{err:?}");
+    let waiting = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.acquire().await }
+    });
     server.restart().await.unwrap();
     let states = states_until(&mut watcher, ConnectionState::NewSession).await;
     assert_eq!(states.first(), Some(&ConnectionState::Suspended), "{states:?}");
@@ -158,15 +165,16 @@ async fn server_down_longer_than_t_then_a_new_session() {
     assert_ne!(zk.client().session_id().0, old_session);
     assert_eq!(guard.state(), LockState::Lost(LossReason::SessionExpired));
 
-    let again = tokio::time::timeout(Duration::from_secs(10), mutex.acquire()).await.unwrap().unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!(again.state(), LockState::Held);
     drop(guard);
     assert_eq!(mutex.participants().await.unwrap().len(), 1, "only the new session's node");
     again.release().await.unwrap();
     assert_no_nodes_left(&zk.client(), &path).await;
 }
 
-/// The first connect retries until its timeout, then fails naming the hosts; a plain client
-/// keeps today's behaviour (no recovery: `SessionLost`).
+/// The first connect retries until its timeout, then fails naming the hosts; refused
+/// authentication fails it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_connect_gives_up_naming_the_hosts() {
     // A port nobody listens on (bound, then released).
@@ -196,4 +204,20 @@ async fn chroot_in_the_connect_string() {
     let missing = managed(&format!("{}{root}/missing", server.connect_string())).await;
     let err = InterProcessMutex::new(&missing, "/locks/a").unwrap().acquire().await.unwrap_err();
     assert!(matches!(err, Error::ChrootMissing { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_authentication_fails_the_first_connect_at_once() {
+    let server = zookeeper().await;
+    let started = Instant::now();
+    // ZooKeeper has no provider for this scheme: it answers AuthFailed and closes the session.
+    let err = ManagedClient::builder(server.connect_string())
+        .auth("no-such-scheme", b"whatever")
+        .connect_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(!format!("{err:?}").contains("whatever"), "{err:?}");
 }

@@ -53,7 +53,7 @@ impl Soak {
 
 async fn worker(soak: Arc<Soak>, w: usize) {
     let who = format!("session-{w}");
-    let policy = if w % 2 == 0 { LossPolicy::Suspended } else { LossPolicy::SessionDeadline };
+    let policy = if w.is_multiple_of(2) { LossPolicy::Suspended } else { LossPolicy::SessionDeadline };
     let connect = |soak: Arc<Soak>| async move {
         loop {
             match soak.ensemble.client(soak.t).await {
