@@ -1,0 +1,540 @@
+//! `zklock`: flock(1) for a ZooKeeper ensemble, built on `zk-recipes`.
+//!
+//! `zklock run LOCK_PATH -- COMMAND...` takes a fair `InterProcessMutex` (Curator-compatible), runs
+//! the command with the lock's fencing token in its environment, forwards SIGINT/SIGTERM to it,
+//! and releases the lock when it exits, exiting with its status. When the lock is lost while the
+//! command runs, the command gets SIGTERM (SIGKILL after `--kill-after`) and `zklock` exits with
+//! [`exit::LOST`]. `zklock status LOCK_PATH` lists the holder and the waiters.
+//!
+//! The path through `run`, top to bottom:
+//!
+//! 1. Parse arguments (usage errors exit [`exit::USAGE`]), validate the lock path and read the
+//!    auth file before anything touches the network.
+//! 2. Connect a `ManagedClient` (bounded by `--connect-timeout`; [`exit::UNAVAILABLE`]).
+//! 3. Acquire: `--nonblock` tries once (conflict exit code), `--timeout` bounds the wait
+//!    ([`exit::TIMEOUT`]); a progress line on a terminal while waiting; SIGINT/SIGTERM while
+//!    waiting give the queued node up before exiting.
+//! 4. Run the command; watch `guard.lost()` beside it.
+//! 5. Release (confirmed by ZooKeeper) and exit with the command's status.
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
+use zk_recipes::{Error, InterProcessMutex, LockGuard, ManagedClient, Participant};
+
+/// Exit codes (the command's own status when it ran; these otherwise).
+mod exit {
+    /// The lock is taken (`--nonblock`); `--conflict-exit-code` changes it.
+    pub const CONFLICT: u8 = 1;
+    /// Bad usage: unknown option, invalid lock path, unreadable auth file (`EX_USAGE`).
+    pub const USAGE: u8 = 64;
+    /// Cannot connect to ZooKeeper, or its chroot does not exist (`EX_UNAVAILABLE`).
+    pub const UNAVAILABLE: u8 = 69;
+    /// Any other ZooKeeper error (`EX_SOFTWARE`).
+    pub const ERROR: u8 = 70;
+    /// `--timeout` passed before the lock was granted (`EX_TEMPFAIL`).
+    pub const TIMEOUT: u8 = 75;
+    /// The lock was lost while the command ran; the command was stopped.
+    pub const LOST: u8 = 76;
+    /// ZooKeeper's ACLs refused us (`EX_NOPERM`).
+    pub const NOPERM: u8 = 77;
+    /// The command was found but could not be run.
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const EXIT_CODES: &str = "\
+Exit status:
+  the command's  when it ran (128+N if it was killed by signal N)
+  1    the lock is taken and --nonblock was given (see --conflict-exit-code)
+  64   bad usage: unknown option, invalid lock path, unreadable auth file
+  69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
+  70   any other ZooKeeper error
+  75   --timeout passed before the lock was granted
+  76   the lock was lost while the command ran (the command got SIGTERM, then SIGKILL)
+  77   ZooKeeper's ACLs refused us
+  126  the command could not be executed
+  127  the command was not found
+  130/143  zklock got SIGINT/SIGTERM while waiting for the lock
+
+Environment:
+  ZK_CONNECT        default for --connect
+  ZKLOCK_AUTH       digest credentials user:password (never pass secrets in argv)
+  ZKLOCK_AUTH_FILE  default for --auth-file
+
+The command gets ZKLOCK_PATH (the lock path), ZKLOCK_NODE (our lock node) and
+ZKLOCK_FENCING_TOKEN (a number, larger for every later holder of the lock).";
+
+/// flock(1) for a ZooKeeper ensemble: run a command under a fair distributed lock.
+#[derive(Parser, Debug)]
+#[command(name = "zklock", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Acquire the lock, run a command while holding it, release it when the command exits.
+    ///
+    /// Waits in a fair queue (Curator-compatible `InterProcessMutex`, so Curator clients contend
+    /// on the same path). If the lock is lost while the command runs — the session expired, the
+    /// connection to ZooKeeper stalled or was lost, someone deleted our node — the command gets
+    /// SIGTERM, SIGKILL after --kill-after, and zklock exits with 76.
+    #[command(after_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Show who holds a lock and who waits, in queue order.
+    #[command(after_help = EXIT_CODES)]
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+struct Connection {
+    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    #[arg(long, env = "ZK_CONNECT", default_value = "127.0.0.1:2181")]
+    connect: String,
+    /// Give up connecting after this long (e.g. 500ms, 10s, 2m).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    connect_timeout: Duration,
+    /// The ZooKeeper session timeout to ask for. A lost lock is noticed within about 0.4 of it.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    session_timeout: Duration,
+    /// A file holding digest credentials `user:password` (instead of ZKLOCK_AUTH).
+    #[arg(long, env = "ZKLOCK_AUTH_FILE")]
+    auth_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Wait at most this long for the lock, then exit 75.
+    #[arg(short = 'w', long, value_parser = parse_duration, conflicts_with = "nonblock")]
+    timeout: Option<Duration>,
+    /// Do not wait: if the lock is taken, exit with the conflict exit code.
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// The exit status when the lock is taken and --nonblock was given.
+    #[arg(short = 'E', long, default_value_t = exit::CONFLICT)]
+    conflict_exit_code: u8,
+    /// Text stored in our lock node, shown by `zklock status` [default: hostname:pid].
+    #[arg(long)]
+    data: Option<String>,
+    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    kill_after: Duration,
+    /// No progress line while waiting (it is shown only when stderr is a terminal anyway).
+    #[arg(short, long)]
+    quiet: bool,
+    /// The lock path, e.g. /locks/nightly-backup.
+    lock_path: String,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Print JSON: {"lock_path": ..., "participants": [{"position", "node", "sequence", "data",
+    /// "session", "holder"}, ...]}, holder first.
+    #[arg(long)]
+    json: bool,
+    /// The lock path.
+    lock_path: String,
+}
+
+/// A failure that ends zklock: a one-line message and an exit status.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure { code, message: message.into() }
+    }
+
+    /// The exit status and message for a library error.
+    fn from_lock(err: Error) -> Failure {
+        let code = match &err {
+            Error::InvalidPath { .. } | Error::TooLarge { .. } => exit::USAGE,
+            Error::Connect { .. } | Error::ChrootMissing { .. } => exit::UNAVAILABLE,
+            Error::NoAuth { .. } => exit::NOPERM,
+            _ => exit::ERROR,
+        };
+        Failure::new(code, err.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { exit::USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("zklock: cannot start: {err}");
+            return ExitCode::from(exit::ERROR);
+        },
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Status(args) => status(args).await,
+        }
+    });
+    // Background work (the session's close) must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("zklock: {}", failure.message);
+            ExitCode::from(failure.code)
+        },
+    }
+}
+
+/// Digest credentials from ZKLOCK_AUTH or the auth file (never from argv).
+fn auth(connection: &Connection) -> Result<Option<Vec<u8>>, Failure> {
+    if let Some(file) = &connection.auth_file {
+        let text = std::fs::read(file)
+            .map_err(|err| Failure::new(exit::USAGE, format!("cannot read the auth file {}: {err}", file.display())))?;
+        let trimmed = text.trim_ascii().to_vec();
+        if !trimmed.contains(&b':') {
+            return Err(Failure::new(exit::USAGE, format!("the auth file {} must hold user:password", file.display())));
+        }
+        return Ok(Some(trimmed));
+    }
+    match std::env::var_os("ZKLOCK_AUTH") {
+        Some(value) if !value.is_empty() => {
+            let bytes = value.into_encoded_bytes();
+            if !bytes.contains(&b':') {
+                return Err(Failure::new(exit::USAGE, "ZKLOCK_AUTH must be user:password"));
+            }
+            Ok(Some(bytes))
+        },
+        _ => Ok(None),
+    }
+}
+
+async fn connect(connection: &Connection) -> Result<ManagedClient, Failure> {
+    let mut builder = ManagedClient::builder(connection.connect.as_str())
+        .session_timeout(connection.session_timeout)
+        .connect_timeout(connection.connect_timeout);
+    if let Some(credentials) = auth(connection)? {
+        builder = builder.auth("digest", credentials);
+    }
+    builder.connect().await.map_err(Failure::from_lock)
+}
+
+/// `hostname:pid`, what `zklock status` shows for our node by default.
+fn default_node_data() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+async fn run(args: RunArgs) -> Result<u8, Failure> {
+    zk_recipes::validate_lock_path(&args.lock_path).map_err(Failure::from_lock)?;
+    auth(&args.connection)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|err| Failure::new(exit::ERROR, err.to_string()))?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|err| Failure::new(exit::ERROR, err.to_string()))?;
+
+    let zk = tokio::select! {
+        zk = connect(&args.connection) => zk?,
+        _ = interrupt.recv() => return Ok(128 + libc::SIGINT as u8),
+        _ = terminate.recv() => return Ok(128 + libc::SIGTERM as u8),
+    };
+    let data = args.data.clone().unwrap_or_else(default_node_data);
+    let mutex = InterProcessMutex::builder(&zk, args.lock_path.as_str())
+        .node_data(data.clone())
+        .build()
+        .map_err(Failure::from_lock)?;
+
+    let progress = Progress::new(!args.quiet && std::io::stderr().is_terminal());
+    let acquire = async {
+        if args.nonblock {
+            return mutex.try_acquire().await.map(|guard| guard.ok_or(Waited::Conflict));
+        }
+        match args.timeout {
+            Some(timeout) => mutex.acquire_timeout(timeout).await.map(|guard| guard.ok_or(Waited::TimedOut)),
+            None => mutex.acquire().await.map(Ok),
+        }
+    };
+    let mut acquire = Box::pin(acquire);
+    let acquired = loop {
+        let signal = tokio::select! {
+            acquired = &mut acquire => break acquired,
+            // Reports until the acquire ends (it returns only if it cannot report at all).
+            () = progress.report(&mutex, &data) => continue,
+            _ = interrupt.recv() => libc::SIGINT,
+            _ = terminate.recv() => libc::SIGTERM,
+        };
+        // Dropping the acquire sends the deletion of our queued node; wait for it to be done.
+        drop(acquire);
+        return Ok(give_up(&mutex, &data, &progress, signal).await);
+    };
+    progress.finish();
+    let guard = match acquired.map_err(Failure::from_lock)? {
+        Ok(guard) => guard,
+        Err(Waited::Conflict) => return Ok(args.conflict_exit_code),
+        Err(Waited::TimedOut) => {
+            // The timed-out acquire deletes our queued node in the background: see it done.
+            wait_until_gone(&mutex, &data).await;
+            return Err(Failure::new(exit::TIMEOUT, format!("timed out waiting for {}", args.lock_path)));
+        },
+    };
+    supervise(&args, guard, &mut interrupt, &mut terminate).await
+}
+
+enum Waited {
+    Conflict,
+    TimedOut,
+}
+
+/// Interrupted while waiting: the dropped acquire deletes our queued node in the background.
+async fn give_up(mutex: &InterProcessMutex, data: &str, progress: &Progress, signal: i32) -> u8 {
+    progress.finish();
+    wait_until_gone(mutex, data).await;
+    128 + signal as u8
+}
+
+/// Waits (up to 3 s) until our abandoned node is gone, so that no waiter queues behind a process
+/// that left, for the session timeout, when we exit before the background deletion ran.
+async fn wait_until_gone(mutex: &InterProcessMutex, data: &str) {
+    let ours = |participants: &[Participant]| participants.iter().any(|p| p.data == data.as_bytes());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        match mutex.participants().await {
+            Ok(participants) if !ours(&participants) => break,
+            Err(_) => break,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Runs the command under the lock: step 4 and 5.
+async fn supervise(
+    args: &RunArgs,
+    guard: LockGuard,
+    interrupt: &mut tokio::signal::unix::Signal,
+    terminate: &mut tokio::signal::unix::Signal,
+) -> Result<u8, Failure> {
+    let (program, rest) = args.command.split_first().ok_or_else(|| Failure::new(exit::USAGE, "no command given"))?;
+    let spawned = tokio::process::Command::new(program)
+        .args(rest)
+        .env("ZKLOCK_PATH", &args.lock_path)
+        .env("ZKLOCK_NODE", guard.lock_path())
+        .env("ZKLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
+        // A process group of its own, so a lost lock stops everything the command started
+        // (signals go to the group), and a Ctrl-C on the terminal reaches it once, through us.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            let _ = guard.release().await;
+            let code = if err.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
+            return Err(Failure::new(code, format!("cannot run {}: {err}", program.to_string_lossy())));
+        },
+    };
+    let pid = child.id().map(|pid| pid as libc::pid_t);
+    let send = |signal: i32| {
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) has no memory effects. The group is our child's (its pid is the
+            // group id), alive at least until we reap the child.
+            unsafe { libc::kill(-pid, signal) };
+        }
+    };
+    let mut lost = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = interrupt.recv() => send(libc::SIGINT),
+            _ = terminate.recv() => send(libc::SIGTERM),
+            reason = guard.lost(), if !lost => {
+                lost = true;
+                eprintln!(
+                    "zklock: lock {} lost ({reason}); stopping the command (SIGTERM, SIGKILL after {:?})",
+                    args.lock_path, args.kill_after
+                );
+                send(libc::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + args.kill_after);
+            },
+            _ = sleep_until(kill_at) => {
+                kill_at = None;
+                send(libc::SIGKILL);
+            },
+        }
+    };
+    let status = status.map_err(|err| Failure::new(exit::ERROR, format!("waiting for the command: {err}")))?;
+    if lost {
+        // What the command left running in its group goes too.
+        send(libc::SIGKILL);
+        drop(guard);
+        return Ok(exit::LOST);
+    }
+    // Confirmed by ZooKeeper before we exit, so the next waiter is not held up by our session.
+    if let Err(err) = guard.release().await {
+        eprintln!("zklock: releasing the lock: {err}");
+    }
+    Ok(exit_status(status))
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The status a shell would report for the command.
+fn exit_status(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+        (None, None) => exit::ERROR,
+    }
+}
+
+/// The progress line shown on a terminal while waiting longer than a second.
+struct Progress {
+    enabled: bool,
+    shown: std::sync::atomic::AtomicBool,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Progress {
+        Progress { enabled, shown: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    /// Every second after the first, our position in the queue (never returns when enabled).
+    async fn report(&self, mutex: &InterProcessMutex, data: &str) {
+        if !self.enabled {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Ok(participants) = mutex.participants().await else { continue };
+            // Our node is the latest with our data (by default hostname:pid, unique).
+            let Some(position) = participants.iter().rposition(|p| p.data == data.as_bytes()) else { continue };
+            let holder =
+                participants.first().map(|p| String::from_utf8_lossy(&p.data).into_owned()).unwrap_or_default();
+            let mut stderr = std::io::stderr();
+            let _ = write!(
+                stderr,
+                "\rzklock: waiting for {}: position {} of {} in the queue (held by {holder})\x1b[K",
+                mutex.path(),
+                position,
+                participants.len().saturating_sub(1),
+            );
+            let _ = stderr.flush();
+            self.shown.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Ends the progress line, if one was shown.
+    fn finish(&self) {
+        if self.shown.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!();
+        }
+    }
+}
+
+async fn status(args: StatusArgs) -> Result<u8, Failure> {
+    zk_recipes::validate_lock_path(&args.lock_path).map_err(Failure::from_lock)?;
+    let zk = connect(&args.connection).await?;
+    let mutex = InterProcessMutex::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
+    let participants = mutex.participants().await.map_err(Failure::from_lock)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let listed: Vec<serde_json::Value> = participants
+            .iter()
+            .enumerate()
+            .map(|(position, p)| {
+                serde_json::json!({
+                    "position": position,
+                    "node": p.path,
+                    "sequence": p.sequence,
+                    "data": String::from_utf8_lossy(&p.data),
+                    "session": format!("{:#x}", p.session_id),
+                    "holder": p.is_holder,
+                })
+            })
+            .collect();
+        let document = serde_json::json!({ "lock_path": args.lock_path, "participants": listed });
+        let _ = writeln!(out, "{document}");
+    } else if participants.is_empty() {
+        let _ = writeln!(out, "{}: free", args.lock_path);
+    } else {
+        for (position, p) in participants.iter().enumerate() {
+            let role = if p.is_holder { "holder" } else { "waiting" };
+            let _ = writeln!(
+                out,
+                "{position:>3} {role:<8} {:<24} session {:#x} sequence {} ({})",
+                String::from_utf8_lossy(&p.data),
+                p.session_id,
+                p.sequence,
+                p.path
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds (`1.5`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|err| format!("{text:?}: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 fortnights").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,389 @@
+//! The real `zklock` binary against a real ZooKeeper: serialisation, exit codes, the fencing
+//! token, loss of the lock under a stalled connection, `status --json`, bad input, the progress
+//! line in a pseudo-terminal.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use zk_testcontainers::{FaultProxy, ZooKeeper};
+
+const ZKLOCK: &str = env!("CARGO_BIN_EXE_zklock");
+
+async fn zookeeper() -> &'static ZooKeeper {
+    match ZooKeeper::shared().await {
+        Ok(zk) => zk,
+        Err(err) => panic!("no ZooKeeper for tests: {err}"),
+    }
+}
+
+fn unique_path(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("/zklock-tests/{name}-{}-{nanos}", std::process::id())
+}
+
+/// `zklock ARGS...` against the test server.
+async fn zklock(args: &[&str]) -> Command {
+    let mut command = Command::new(ZKLOCK);
+    command
+        .args(args)
+        .env("ZK_CONNECT", zookeeper().await.connect_string())
+        .env_remove("ZKLOCK_AUTH")
+        .env_remove("ZKLOCK_AUTH_FILE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+async fn output(mut command: Command) -> Output {
+    let started = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(60), command.output()).await.expect("zklock ends").unwrap();
+    let out = Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
+    };
+    assert!(!out.stderr.contains("panicked"), "zklock panicked: {}", out.stderr);
+    out
+}
+
+async fn run(args: &[&str]) -> Output {
+    output(zklock(args).await).await
+}
+
+/// The parsed `zklock status --json` of `path`.
+async fn status(path: &str) -> serde_json::Value {
+    let out = run(&["status", "--json", path]).await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|err| panic!("status --json is not JSON ({err}): {}", out.stdout))
+}
+
+async fn queue_len(path: &str) -> usize {
+    status(path).await["participants"].as_array().map_or(0, Vec::len)
+}
+
+async fn wait_for_queue(path: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue_len(path).await != len {
+        assert!(Instant::now() < deadline, "queue of {path} never reached {len}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts `zklock run PATH -- sleep SECS` holding the lock, and waits until it holds it.
+async fn hold(path: &str, secs: &str, data: &str) -> Child {
+    let holder =
+        zklock(&["run", "--data", data, path, "--", "sleep", secs]).await.stdout(Stdio::null()).spawn().unwrap();
+    wait_for_queue(path, 1).await;
+    holder
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_serialise_a_shell_command() {
+    let path = unique_path("serialise");
+    let log = std::env::temp_dir().join(format!("zklock-serialise-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let script = format!(
+        "echo \"start $ZKLOCK_FENCING_TOKEN $(date +%s%N)\" >> {0}; sleep 0.4; echo \"end $ZKLOCK_FENCING_TOKEN $(date +%s%N)\" >> {0}",
+        log.display()
+    );
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(tokio::spawn(output(zklock(&["run", &path, "--", "sh", "-c", &script]).await)));
+    }
+    for run in runs {
+        let out = run.await.unwrap();
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let lines: Vec<(String, i64, u128)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            (parts[0].to_owned(), parts[1].parse().unwrap(), parts[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    // start/end pairs, never interleaved, in time order, with increasing fencing tokens.
+    for (i, pair) in lines.chunks(2).enumerate() {
+        assert_eq!((pair[0].0.as_str(), pair[1].0.as_str()), ("start", "end"), "{lines:?}");
+        assert_eq!(pair[0].1, pair[1].1, "one holder per pair: {lines:?}");
+        assert!(pair[0].2 < pair[1].2);
+        if i > 0 {
+            let previous = &lines[2 * i - 1];
+            assert!(previous.2 <= pair[0].2, "overlap: {lines:?}");
+            assert!(previous.1 < pair[0].1, "tokens increase: {lines:?}");
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(queue_len(&path).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonblock_timeout_and_the_commands_status() {
+    let path = unique_path("exit-codes");
+    let mut holder = hold(&path, "4", "holder").await;
+
+    let out = run(&["run", "--nonblock", &path, "--", "true"]).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let out = run(&["run", "-n", "-E", "42", &path, "--", "true"]).await;
+    assert_eq!(out.code, Some(42), "{}", out.stderr);
+    assert!(out.took < Duration::from_secs(5), "{:?}", out.took);
+
+    let out = run(&["run", "--timeout", "1s", &path, "--", "true"]).await;
+    assert_eq!(out.code, Some(75), "{}", out.stderr);
+    assert!(out.took >= Duration::from_millis(900) && out.took < Duration::from_secs(6), "{:?}", out.took);
+    assert!(out.stderr.contains("timed out"), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {}", out.stderr);
+
+    assert!(holder.wait().await.unwrap().success());
+    // The command's own status, and a signal's.
+    assert_eq!(run(&["run", &path, "--", "sh", "-c", "exit 7"]).await.code, Some(7));
+    assert_eq!(run(&["run", &path, "--", "sh", "-c", "kill -KILL $$"]).await.code, Some(128 + 9));
+    assert_eq!(queue_len(&path).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_gets_the_fencing_token() {
+    let path = unique_path("token");
+    let mut child =
+        zklock(&["run", &path, "--", "sh", "-c", "echo \"$ZKLOCK_PATH $ZKLOCK_NODE $ZKLOCK_FENCING_TOKEN\"; sleep 2"])
+            .await
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let parts: Vec<&str> = line.split(' ').collect();
+    assert_eq!(parts[0], path);
+    assert!(parts[1].starts_with(&format!("{path}/_c_")), "{line}");
+    let token: i64 = parts[2].parse().unwrap_or_else(|_| panic!("a number: {line}"));
+    // The token is the czxid of the node we hold.
+    let client = zookeeper().await.client().await.unwrap();
+    let (_, stat) = client.get_data(parts[1]).await.unwrap();
+    assert_eq!(stat.czxid, token);
+    assert!(child.wait().await.unwrap().success());
+}
+
+/// The holder's connection stalls: zklock learns the lock is lost (before ZooKeeper could give it
+/// to anyone else), stops the command and exits 76; SIGKILL follows when SIGTERM is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_stops_the_command() {
+    let server = zookeeper().await;
+    for (script, expect_term) in [
+        ("trap 'echo term; exit 0' TERM; echo started; sleep 30 & wait", true),
+        ("trap '' TERM; echo started; sleep 30", false),
+    ] {
+        let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
+        let path = unique_path("stalled");
+        let started = Instant::now();
+        let mut child = zklock(&[
+            "run",
+            "--connect",
+            &proxy.addr(),
+            "--session-timeout",
+            "4s",
+            "--kill-after",
+            "1s",
+            &path,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .await
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+        assert_eq!(first.as_deref(), Some("started"));
+        proxy.stall();
+        let stalled_at = Instant::now();
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+        let told_in = stalled_at.elapsed();
+        // The command's whole process group is stopped: its `sleep` holds stdout open otherwise.
+        let mut rest = String::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                rest.push_str(&line);
+            }
+        })
+        .await
+        .expect("everything the command started was stopped");
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+        assert_eq!(status.code(), Some(76), "{stderr}");
+        assert!(stderr.contains("lost"), "{stderr}");
+        assert_eq!(rest.contains("term"), expect_term, "{rest}");
+        // Told within 0.4 T of the stall (Suspended policy), plus the SIGKILL grace when needed.
+        assert!(told_in < Duration::from_secs(5), "{told_in:?}");
+        eprintln!("lost after {told_in:?} (total {:?})", started.elapsed());
+        proxy.pass();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_the_queue_in_order() {
+    let path = unique_path("status");
+    let out = run(&["status", &path]).await;
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.contains("free"), "{}", out.stdout);
+
+    let mut holder = hold(&path, "3", "the-holder").await;
+    let waiter = zklock(&["run", "--data", "the-waiter", &path, "--", "true"]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    let default_data = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
+    let default_pid = default_data.id().unwrap();
+    wait_for_queue(&path, 3).await;
+    let document = status(&path).await;
+    assert_eq!(document["lock_path"], path.as_str());
+    let participants = document["participants"].as_array().unwrap();
+    assert_eq!(participants[0]["data"], "the-holder");
+    assert_eq!(participants[0]["holder"], true);
+    assert_eq!(participants[1]["data"], "the-waiter");
+    assert_eq!(participants[1]["holder"], false);
+    assert!(participants[2]["data"].as_str().unwrap().ends_with(&format!(":{default_pid}")), "{document}");
+    for (i, p) in participants.iter().enumerate() {
+        assert_eq!(p["position"], i);
+        assert!(p["session"].as_str().unwrap().starts_with("0x"), "{document}");
+        assert!(p["node"].as_str().unwrap().starts_with(&format!("{path}/_c_")), "{document}");
+    }
+    let sequences: Vec<i64> = participants.iter().map(|p| p["sequence"].as_i64().unwrap()).collect();
+    assert!(sequences.windows(2).all(|w| w[0] < w[1]), "{sequences:?}");
+    let text = run(&["status", &path]).await.stdout;
+    assert!(text.lines().next().unwrap().contains("holder"), "{text}");
+
+    assert!(holder.wait().await.unwrap().success());
+    for mut child in [waiter, default_data] {
+        assert!(child.wait().await.unwrap().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_one_line_and_a_non_zero_exit() {
+    let server = zookeeper().await;
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let unreachable = format!("127.0.0.1:{closed_port}");
+    let missing_chroot = format!("{}/zklock-no-such-chroot", server.connect_string());
+    let auth_file = "/nonexistent/zklock-auth";
+    // (arguments, exit status, what stderr says, whether it is our one-line error: clap's usage
+    // errors add a usage hint).
+    let cases: Vec<(Vec<&str>, i32, &str, bool)> = vec![
+        (vec!["run", "locks/relative", "--", "true"], 64, "must start with '/'", true),
+        (vec!["run", "/locks/a/", "--", "true"], 64, "must not end with '/'", true),
+        (vec!["status", "/zookeeper/quota"], 64, "reserved", true),
+        (vec!["run", "/locks/a"], 64, "COMMAND", false),
+        (vec!["run", "--nonblock", "--timeout", "1s", "/locks/a", "--", "true"], 64, "cannot be used with", false),
+        (vec!["run", "--timeout", "soon", "/locks/a", "--", "true"], 64, "not a duration", false),
+        (vec!["run", "--bogus", "/locks/a", "--", "true"], 64, "--bogus", false),
+        (
+            vec!["run", "--connect", &unreachable, "--connect-timeout", "1s", "/locks/a", "--", "true"],
+            69,
+            "cannot connect",
+            true,
+        ),
+        (vec!["status", "--connect", &unreachable, "--connect-timeout", "1s", "/locks/a"], 69, &unreachable, true),
+        (vec!["run", "--connect", &missing_chroot, "/locks/a", "--", "true"], 69, "chroot", true),
+        (vec!["run", "--auth-file", auth_file, "/locks/a", "--", "true"], 64, "auth file", true),
+        (vec!["run", "/zklock-tests/not-found", "--", "/no/such/command"], 127, "cannot run", true),
+    ];
+    for (args, code, says, one_line) in cases {
+        let out = run(&args).await;
+        assert_eq!(out.code, Some(code), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+        assert!(out.took < Duration::from_secs(10), "{args:?} took {:?}", out.took);
+        if one_line {
+            assert_eq!(out.stderr.trim().lines().count(), 1, "{args:?}: {}", out.stderr);
+        }
+    }
+    // --help is complete: every option and the exit codes.
+    let help = run(&["run", "--help"]).await;
+    assert_eq!(help.code, Some(0));
+    for word in [
+        "--connect",
+        "--timeout",
+        "--nonblock",
+        "--conflict-exit-code",
+        "--data",
+        "--kill-after",
+        "--quiet",
+        "Exit status",
+        "ZKLOCK_FENCING_TOKEN",
+    ] {
+        assert!(help.stdout.contains(word), "--help lacks {word}: {}", help.stdout);
+    }
+}
+
+/// SIGTERM while waiting: zklock gives its queued node up and exits 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_waiting_leaves_no_node() {
+    let path = unique_path("signal-waiting");
+    let mut holder = hold(&path, "4", "holder").await;
+    let waiter = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(waiter.id().unwrap() as libc::pid_t, libc::SIGTERM) };
+    let out = tokio::time::timeout(Duration::from_secs(10), waiter.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(143));
+    assert_eq!(queue_len(&path).await, 1, "only the holder is left");
+    assert!(holder.wait().await.unwrap().success());
+
+    // While the command runs, a signal is forwarded to it; zklock exits with its status.
+    let running = zklock(&["run", &path, "--", "sh", "-c", "echo started; sleep 30"])
+        .await
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = running.id().unwrap();
+    let mut running = running;
+    let mut lines = BufReader::new(running.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(first.as_deref(), Some("started"));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(10), running.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(143), "the command was killed by the forwarded SIGTERM");
+    wait_for_queue(&path, 0).await;
+}
+
+/// The progress line: shown on a terminal (a pseudo-terminal from script(1)) while waiting
+/// longer than a second, never when stderr is not a terminal, nor with --quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_line_only_on_a_terminal() {
+    let path = unique_path("progress");
+    let mut holder = hold(&path, "3", "holder").await;
+    let zk_connect = zookeeper().await.connect_string().to_owned();
+    let in_pty = |quiet: bool| {
+        let quiet = if quiet { "--quiet " } else { "" };
+        let mut command = Command::new("script");
+        command
+            .args(["-qfec", &format!("{ZKLOCK} run {quiet}{path} -- true"), "/dev/null"])
+            .env("ZK_CONNECT", &zk_connect)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    let piped_args = ["run", path.as_str(), "--", "true"];
+    let (on_terminal, quiet, piped) = tokio::join!(output(in_pty(false)), output(in_pty(true)), run(&piped_args));
+    assert_eq!(on_terminal.code, Some(0), "{}", on_terminal.stderr);
+    assert!(
+        on_terminal.stdout.contains(&format!("waiting for {path}: position")),
+        "no progress line on a terminal: {:?}",
+        on_terminal.stdout
+    );
+    assert!(!quiet.stdout.contains("waiting for"), "{:?}", quiet.stdout);
+    assert_eq!(piped.code, Some(0));
+    assert!(!piped.stderr.contains("waiting for"), "{:?}", piped.stderr);
+    assert!(holder.wait().await.unwrap().success());
+}
