@@ -96,7 +96,8 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct Connection {
-    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    /// ZooKeeper connect string: host:port, comma-separated for an ensemble, optionally ending in
+    /// a /chroot.
     #[arg(long, env = "ZK_CONNECT", default_value = "127.0.0.1:2181")]
     connect: String,
     /// Give up connecting after this long (e.g. 500ms, 10s, 2m).

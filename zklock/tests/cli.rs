@@ -387,3 +387,46 @@ async fn progress_line_only_on_a_terminal() {
     assert!(!piped.stderr.contains("waiting for"), "{:?}", piped.stderr);
     assert!(holder.wait().await.unwrap().success());
 }
+
+/// Digest credentials come from ZKLOCK_AUTH or an auth file, never argv, and never show up in
+/// output; a protected lock path refuses everyone else with exit 77.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_from_the_environment_or_a_file() {
+    use zk_recipes::zookeeper_client as zk;
+    let server = zookeeper().await;
+    let path = unique_path("auth");
+    let owner = zk::Client::connector()
+        .with_auth("digest", b"ops:zklock-pw-123")
+        .connect(server.connect_string())
+        .await
+        .unwrap();
+    owner.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all())).await.unwrap();
+
+    let refused = run(&["run", &path, "--", "true"]).await;
+    assert_eq!(refused.code, Some(77), "{}", refused.stderr);
+    assert!(refused.stderr.contains("not authorized"), "{}", refused.stderr);
+
+    let mut with_env = zklock(&["run", &path, "--", "true"]).await;
+    with_env.env("ZKLOCK_AUTH", "ops:zklock-pw-123");
+    let out = output(with_env).await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    let file = std::env::temp_dir().join(format!("zklock-auth-{}", std::process::id()));
+    std::fs::write(&file, "ops:zklock-pw-123\n").unwrap();
+    let out = run(&["run", "--auth-file", file.to_str().unwrap(), &path, "--", "true"]).await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let status = run(&["status", "--auth-file", file.to_str().unwrap(), &path]).await;
+    assert_eq!(status.code, Some(0), "{}", status.stderr);
+    let _ = std::fs::remove_file(&file);
+
+    let mut wrong = zklock(&["run", &path, "--", "true"]).await;
+    wrong.env("ZKLOCK_AUTH", "ops:wrong-password");
+    let out = output(wrong).await;
+    assert_eq!(out.code, Some(77), "{}", out.stderr);
+    for shown in [&out.stdout, &out.stderr, &refused.stderr] {
+        assert!(!shown.contains("zklock-pw-123") && !shown.contains("wrong-password"), "{shown}");
+    }
+    // There is no option that takes credentials.
+    let help = run(&["run", "--help"]).await.stdout;
+    assert!(!help.contains("--auth ") && !help.contains("--password"), "{help}");
+}
