@@ -341,7 +341,9 @@ impl ManagedClientBuilder {
 }
 
 async fn first_session(connector: &zk::Connector, hosts: &str, timeout: Duration) -> Result<zk::Client> {
-    let give_up = tokio::time::Instant::now() + timeout;
+    let now = tokio::time::Instant::now();
+    // A timeout too large for the clock means "for ever" (a year is as good).
+    let give_up = now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
     let mut backoff = Duration::from_millis(50);
     let mut last = String::from("no attempt finished in time");
     loop {

@@ -58,10 +58,12 @@ Exit status:
   70   any other ZooKeeper error
   75   --timeout passed before the lock was granted
   76   the lock was lost while the command ran (the command got SIGTERM, then SIGKILL)
+       or before it started (it was not started)
   77   ZooKeeper's ACLs refused us
   126  the command could not be executed
   127  the command was not found
-  130/143  zklock got SIGINT/SIGTERM while waiting for the lock
+  128+N  zklock got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while waiting for the lock;
+       while the command runs, these are forwarded to its process group
 
 Environment:
   ZK_CONNECT        default for --connect
@@ -127,9 +129,11 @@ struct RunArgs {
     /// Text stored in our lock node, shown by `zklock status` [default: hostname:pid].
     #[arg(long)]
     data: Option<String>,
-    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    kill_after: Duration,
+    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL
+    /// [default: a quarter of the session timeout, so the command is gone before ZooKeeper can
+    /// expire the session and grant the lock to someone else].
+    #[arg(long, value_parser = parse_duration)]
+    kill_after: Option<Duration>,
     /// No progress line while waiting (it is shown only when stderr is a terminal anyway).
     #[arg(short, long)]
     quiet: bool,
@@ -254,14 +258,20 @@ fn default_node_data() -> String {
 async fn run(args: RunArgs) -> Result<u8, Failure> {
     zk_recipes::validate_lock_path(&args.lock_path).map_err(Failure::from_lock)?;
     auth(&args.connection)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|err| Failure::new(exit::ERROR, err.to_string()))?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(|err| Failure::new(exit::ERROR, err.to_string()))?;
+    let mut signals = Signals::install()?;
 
     let zk = tokio::select! {
         zk = connect(&args.connection) => zk?,
-        _ = interrupt.recv() => return Ok(128 + libc::SIGINT as u8),
-        _ = terminate.recv() => return Ok(128 + libc::SIGTERM as u8),
+        signal = signals.recv() => return Ok(128 + signal as u8),
     };
+    if let Some(kill_after) = args.kill_after {
+        if kill_after > args.connection.session_timeout * 7 / 20 {
+            eprintln!(
+                "zklock: warning: --kill-after {kill_after:?} is over 0.35 × the session timeout: after a lost lock \
+                 the command may still run when ZooKeeper grants the lock to someone else"
+            );
+        }
+    }
     let data = args.data.clone().unwrap_or_else(default_node_data);
     let mutex = InterProcessMutex::builder(&zk, args.lock_path.as_str())
         .node_data(data.clone())
@@ -283,25 +293,31 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         let signal = tokio::select! {
             acquired = &mut acquire => break acquired,
             // Reports until the acquire ends (it returns only if it cannot report at all).
-            () = progress.report(&mutex, &data) => continue,
-            _ = interrupt.recv() => libc::SIGINT,
-            _ = terminate.recv() => libc::SIGTERM,
+            () = progress.report(&mutex, &zk) => continue,
+            signal = signals.recv() => signal,
         };
         // Dropping the acquire sends the deletion of our queued node; wait for it to be done.
         drop(acquire);
-        return Ok(give_up(&mutex, &data, &progress, signal).await);
+        progress.finish();
+        wait_until_gone(&mutex, &zk).await;
+        return Ok(128 + signal as u8);
     };
     progress.finish();
-    let guard = match acquired.map_err(Failure::from_lock)? {
-        Ok(guard) => guard,
-        Err(Waited::Conflict) => return Ok(args.conflict_exit_code),
-        Err(Waited::TimedOut) => {
+    drop(acquire);
+    let guard = match acquired {
+        Ok(Ok(guard)) => guard,
+        Ok(Err(Waited::Conflict)) => return Ok(args.conflict_exit_code),
+        Ok(Err(Waited::TimedOut)) => {
             // The timed-out acquire deletes our queued node in the background: see it done.
-            wait_until_gone(&mutex, &data).await;
+            wait_until_gone(&mutex, &zk).await;
             return Err(Failure::new(exit::TIMEOUT, format!("timed out waiting for {}", args.lock_path)));
         },
+        Err(err) => {
+            wait_until_gone(&mutex, &zk).await;
+            return Err(Failure::from_lock(err));
+        },
     };
-    supervise(&args, guard, &mut interrupt, &mut terminate).await
+    supervise(&args, guard, &mut signals).await
 }
 
 enum Waited {
@@ -309,49 +325,126 @@ enum Waited {
     TimedOut,
 }
 
-/// Interrupted while waiting: the dropped acquire deletes our queued node in the background.
-async fn give_up(mutex: &InterProcessMutex, data: &str, progress: &Progress, signal: i32) -> u8 {
-    progress.finish();
-    wait_until_gone(mutex, data).await;
-    128 + signal as u8
+/// Whether a participant's node is ours: owned by our current session.
+fn is_ours(participant: &Participant, zk: &ManagedClient) -> bool {
+    participant.session_id == zk.client().session_id().0
 }
 
-/// Waits (up to 3 s) until our abandoned node is gone, so that no waiter queues behind a process
-/// that left, for the session timeout, when we exit before the background deletion ran.
-async fn wait_until_gone(mutex: &InterProcessMutex, data: &str) {
-    let ours = |participants: &[Participant]| participants.iter().any(|p| p.data == data.as_bytes());
+/// Waits (3 s at most) until our abandoned node is gone, so that no waiter queues behind a
+/// process that left, for the session timeout, when we exit before the background deletion ran.
+async fn wait_until_gone(mutex: &InterProcessMutex, zk: &ManagedClient) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while tokio::time::Instant::now() < deadline {
-        match mutex.participants().await {
-            Ok(participants) if !ours(&participants) => break,
-            Err(_) => break,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+    let _ = tokio::time::timeout_at(deadline, async {
+        loop {
+            match mutex.participants().await {
+                Ok(participants) if !participants.iter().any(|p| is_ours(p, zk)) => return,
+                // Still there, or cannot look (the connection is down): wait and look again.
+                Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await;
+}
+
+/// The signals zklock handles itself: forwarded to the command's process group while it runs.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    /// Caught so that Ctrl-Z cannot stop zklock (its session would expire while the command, in
+    /// a group of its own, runs on); ignored.
+    stop: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, Failure> {
+        let install = |kind: SignalKind| signal(kind).map_err(|err| Failure::new(exit::ERROR, err.to_string()));
+        Ok(Signals {
+            interrupt: install(SignalKind::interrupt())?,
+            terminate: install(SignalKind::terminate())?,
+            hangup: install(SignalKind::hangup())?,
+            quit: install(SignalKind::quit())?,
+            stop: install(SignalKind::from_raw(libc::SIGTSTP))?,
+        })
+    }
+
+    /// The next signal to act on (SIGTSTP is swallowed here).
+    async fn recv(&mut self) -> i32 {
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return libc::SIGINT,
+                _ = self.terminate.recv() => return libc::SIGTERM,
+                _ = self.hangup.recv() => return libc::SIGHUP,
+                _ = self.quit.recv() => return libc::SIGQUIT,
+                _ = self.stop.recv() => eprintln!("zklock: ignoring SIGTSTP: a lock holder cannot be suspended"),
+            }
+        }
+    }
+
+    /// A signal that already arrived, if any (no wait).
+    async fn pending(&mut self) -> Option<i32> {
+        tokio::select! {
+            biased;
+            signal = self.recv() => Some(signal),
+            () = std::future::ready(()) => None,
         }
     }
 }
 
+/// Releases, waiting for ZooKeeper's confirmation at most `min(T, 5 s)`: beyond that ZooKeeper
+/// removes the node with the session.
+async fn release(guard: LockGuard, connection: &Connection) {
+    let bound = connection.session_timeout.min(Duration::from_secs(5));
+    match tokio::time::timeout(bound, guard.release()).await {
+        Ok(Ok(())) => {},
+        Ok(Err(err)) => eprintln!("zklock: releasing the lock: {err}"),
+        Err(_) => eprintln!("zklock: releasing the lock timed out; ZooKeeper removes it with the session"),
+    }
+}
+
 /// Runs the command under the lock: step 4 and 5.
-async fn supervise(
-    args: &RunArgs,
-    guard: LockGuard,
-    interrupt: &mut tokio::signal::unix::Signal,
-    terminate: &mut tokio::signal::unix::Signal,
-) -> Result<u8, Failure> {
+async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> Result<u8, Failure> {
     let (program, rest) = args.command.split_first().ok_or_else(|| Failure::new(exit::USAGE, "no command given"))?;
-    let spawned = tokio::process::Command::new(program)
+    // A signal that arrived while the lock was being granted, or a hold already lost: the
+    // command is not started.
+    if let Some(signal) = signals.pending().await {
+        release(guard, &args.connection).await;
+        return Ok(128 + signal as u8);
+    }
+    if let zk_recipes::LockState::Lost(reason) = guard.state() {
+        return Err(Failure::new(
+            exit::LOST,
+            format!("lock {} lost before the command started ({reason})", args.lock_path),
+        ));
+    }
+    let kill_after = args.kill_after.unwrap_or(args.connection.session_timeout / 4);
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(rest)
         .env("ZKLOCK_PATH", &args.lock_path)
         .env("ZKLOCK_NODE", guard.lock_path())
         .env("ZKLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
+        // Our credentials are not the command's business.
+        .env_remove("ZKLOCK_AUTH")
+        .env_remove("ZKLOCK_AUTH_FILE")
         // A process group of its own, so a lost lock stops everything the command started
         // (signals go to the group), and a Ctrl-C on the terminal reaches it once, through us.
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
+        .kill_on_drop(true);
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2), which
+    // is async-signal-safe and touches no memory of ours. If zklock dies (even by SIGKILL), the
+    // command gets SIGKILL instead of running on without the lock.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
-            let _ = guard.release().await;
+            release(guard, &args.connection).await;
             let code = if err.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
             return Err(Failure::new(code, format!("cannot run {}: {err}", program.to_string_lossy())));
         },
@@ -359,8 +452,11 @@ async fn supervise(
     let pid = child.id().map(|pid| pid as libc::pid_t);
     let send = |signal: i32| {
         if let Some(pid) = pid {
-            // SAFETY: kill(2) has no memory effects. The group is our child's (its pid is the
-            // group id), alive at least until we reap the child.
+            // SAFETY: kill(2) has no memory effects. The group id is our child's pid: until we
+            // reap the child it is alive; after that, Linux does not hand the number out again
+            // while any process of the group lives (it is in use as a group id), and if none does
+            // the call fails with ESRCH — unless, in the moment since the reap, a new process got
+            // that very pid and made a group of its own.
             unsafe { libc::kill(-pid, signal) };
         }
     };
@@ -368,17 +464,18 @@ async fn supervise(
     let mut kill_at: Option<tokio::time::Instant> = None;
     let status = loop {
         tokio::select! {
+            // The command's exit first: one that ended as the loss arrived ran under the lock.
+            biased;
             status = child.wait() => break status,
-            _ = interrupt.recv() => send(libc::SIGINT),
-            _ = terminate.recv() => send(libc::SIGTERM),
+            signal = signals.recv() => send(signal),
             reason = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
-                    "zklock: lock {} lost ({reason}); stopping the command (SIGTERM, SIGKILL after {:?})",
-                    args.lock_path, args.kill_after
+                    "zklock: lock {} lost ({reason}); stopping the command (SIGTERM, SIGKILL after {kill_after:?})",
+                    args.lock_path
                 );
                 send(libc::SIGTERM);
-                kill_at = Some(tokio::time::Instant::now() + args.kill_after);
+                kill_at = tokio::time::Instant::now().checked_add(kill_after);
             },
             _ = sleep_until(kill_at) => {
                 kill_at = None;
@@ -393,10 +490,8 @@ async fn supervise(
         drop(guard);
         return Ok(exit::LOST);
     }
-    // Confirmed by ZooKeeper before we exit, so the next waiter is not held up by our session.
-    if let Err(err) = guard.release().await {
-        eprintln!("zklock: releasing the lock: {err}");
-    }
+    // Confirmed by ZooKeeper before we exit (bounded), so the next waiter is not held up by us.
+    release(guard, &args.connection).await;
     Ok(exit_status(status))
 }
 
@@ -429,17 +524,16 @@ impl Progress {
     }
 
     /// Every second after the first, our position in the queue (never returns when enabled).
-    async fn report(&self, mutex: &InterProcessMutex, data: &str) {
+    async fn report(&self, mutex: &InterProcessMutex, zk: &ManagedClient) {
         if !self.enabled {
             return std::future::pending().await;
         }
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let Ok(participants) = mutex.participants().await else { continue };
-            // Our node is the latest with our data (by default hostname:pid, unique).
-            let Some(position) = participants.iter().rposition(|p| p.data == data.as_bytes()) else { continue };
-            let holder =
-                participants.first().map(|p| String::from_utf8_lossy(&p.data).into_owned()).unwrap_or_default();
+            // Our node (GUID-protected, of our session) is the one our session owns.
+            let Some(position) = participants.iter().position(|p| is_ours(p, zk)) else { continue };
+            let holder = participants.first().map(|p| printable(&p.data)).unwrap_or_default();
             let mut stderr = std::io::stderr();
             let _ = write!(
                 stderr,
@@ -466,6 +560,19 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let zk = connect(&args.connection).await?;
     let mutex = InterProcessMutex::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
     let participants = mutex.participants().await.map_err(Failure::from_lock)?;
+    if participants.is_empty() {
+        // A missing chroot lists as an empty queue: say so instead of "free".
+        match zk.client().check_stat("/").await {
+            Ok(Some(_)) => {},
+            Ok(None) => {
+                return Err(Failure::new(
+                    exit::UNAVAILABLE,
+                    format!("the chroot of {} does not exist on the server", args.connection.connect),
+                ))
+            },
+            Err(err) => return Err(Failure::new(exit::ERROR, format!("checking the chroot: {err}"))),
+        }
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let listed: Vec<serde_json::Value> = participants
@@ -492,7 +599,7 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
             let _ = writeln!(
                 out,
                 "{position:>3} {role:<8} {:<24} session {:#x} sequence {} ({})",
-                String::from_utf8_lossy(&p.data),
+                printable(&p.data),
                 p.session_id,
                 p.sequence,
                 p.path
@@ -502,7 +609,19 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds (`1.5`).
+/// Node data for a terminal: control characters escaped (node data is anyone's text).
+fn printable(data: &[u8]) -> String {
+    String::from_utf8_lossy(data)
+        .chars()
+        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .collect()
+}
+
+/// The longest duration accepted (a year): anything longer is surely a mistake, and would
+/// overflow the clock.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds (`1.5`), at most a year.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
@@ -515,7 +634,11 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => number * 3600.0,
         other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|err| format!("{text:?}: {err}"))
+    let duration = Duration::try_from_secs_f64(seconds).map_err(|err| format!("{text:?}: {err}"))?;
+    if duration > MAX_DURATION {
+        return Err(format!("{text:?} is longer than a year"));
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]
@@ -531,6 +654,7 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 fortnights").is_err());
         assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("10000000000000000000").is_err());
     }
 
     #[test]

@@ -79,12 +79,27 @@ async fn wait_for_queue(path: &str, len: usize) {
     }
 }
 
-/// Starts `zklock run PATH -- sleep SECS` holding the lock, and waits until it holds it.
-async fn hold(path: &str, secs: &str, data: &str) -> Child {
-    let holder =
-        zklock(&["run", "--data", data, path, "--", "sleep", secs]).await.stdout(Stdio::null()).spawn().unwrap();
+/// A `zklock run PATH -- sh -c 'read _'` holding the lock until [`Holder::release`] closes its
+/// standard input (no fixed sleep: a slow machine cannot make it release early).
+struct Holder(Child);
+
+async fn hold(path: &str, data: &str) -> Holder {
+    let holder = zklock(&["run", "--data", data, path, "--", "sh", "-c", "read _; exit 0"])
+        .await
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     wait_for_queue(path, 1).await;
-    holder
+    Holder(holder)
+}
+
+impl Holder {
+    async fn release(mut self) {
+        drop(self.0.stdin.take());
+        let status = tokio::time::timeout(Duration::from_secs(20), self.0.wait()).await.unwrap().unwrap();
+        assert!(status.success(), "holder: {status:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +146,7 @@ async fn two_runs_serialise_a_shell_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nonblock_timeout_and_the_commands_status() {
     let path = unique_path("exit-codes");
-    let mut holder = hold(&path, "4", "holder").await;
+    let holder = hold(&path, "holder").await;
 
     let out = run(&["run", "--nonblock", &path, "--", "true"]).await;
     assert_eq!(out.code, Some(1), "{}", out.stderr);
@@ -144,8 +159,9 @@ async fn nonblock_timeout_and_the_commands_status() {
     assert!(out.took >= Duration::from_millis(900) && out.took < Duration::from_secs(6), "{:?}", out.took);
     assert!(out.stderr.contains("timed out"), "{}", out.stderr);
     assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {}", out.stderr);
+    assert_eq!(queue_len(&path).await, 1, "the timed-out run left no node");
 
-    assert!(holder.wait().await.unwrap().success());
+    holder.release().await;
     // The command's own status, and a signal's.
     assert_eq!(run(&["run", &path, "--", "sh", "-c", "exit 7"]).await.code, Some(7));
     assert_eq!(run(&["run", &path, "--", "sh", "-c", "kill -KILL $$"]).await.code, Some(128 + 9));
@@ -240,7 +256,7 @@ async fn status_lists_the_queue_in_order() {
     assert_eq!(out.code, Some(0));
     assert!(out.stdout.contains("free"), "{}", out.stdout);
 
-    let mut holder = hold(&path, "3", "the-holder").await;
+    let holder = hold(&path, "the-holder").await;
     let waiter = zklock(&["run", "--data", "the-waiter", &path, "--", "true"]).await.spawn().unwrap();
     wait_for_queue(&path, 2).await;
     let default_data = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
@@ -264,7 +280,7 @@ async fn status_lists_the_queue_in_order() {
     let text = run(&["status", &path]).await.stdout;
     assert!(text.lines().next().unwrap().contains("holder"), "{text}");
 
-    assert!(holder.wait().await.unwrap().success());
+    holder.release().await;
     for mut child in [waiter, default_data] {
         assert!(child.wait().await.unwrap().success());
     }
@@ -295,6 +311,13 @@ async fn bad_input_gives_one_line_and_a_non_zero_exit() {
         ),
         (vec!["status", "--connect", &unreachable, "--connect-timeout", "1s", "/locks/a"], 69, &unreachable, true),
         (vec!["run", "--connect", &missing_chroot, "/locks/a", "--", "true"], 69, "chroot", true),
+        (vec!["status", "--connect", &missing_chroot, "/locks/a"], 69, "chroot", true),
+        (
+            vec!["run", "--kill-after", "10000000000000000000", "/locks/a", "--", "true"],
+            64,
+            "longer than a year",
+            false,
+        ),
         (vec!["run", "--auth-file", auth_file, "/locks/a", "--", "true"], 64, "auth file", true),
         (vec!["run", "/zklock-tests/not-found", "--", "/no/such/command"], 127, "cannot run", true),
     ];
@@ -329,7 +352,7 @@ async fn bad_input_gives_one_line_and_a_non_zero_exit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_while_waiting_leaves_no_node() {
     let path = unique_path("signal-waiting");
-    let mut holder = hold(&path, "4", "holder").await;
+    let holder = hold(&path, "holder").await;
     let waiter = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
     wait_for_queue(&path, 2).await;
     // SAFETY: kill(2) on our own child.
@@ -337,7 +360,7 @@ async fn a_signal_while_waiting_leaves_no_node() {
     let out = tokio::time::timeout(Duration::from_secs(10), waiter.wait_with_output()).await.unwrap().unwrap();
     assert_eq!(out.status.code(), Some(143));
     assert_eq!(queue_len(&path).await, 1, "only the holder is left");
-    assert!(holder.wait().await.unwrap().success());
+    holder.release().await;
 
     // While the command runs, a signal is forwarded to it; zklock exits with its status.
     let running = zklock(&["run", &path, "--", "sh", "-c", "echo started; sleep 30"])
@@ -362,7 +385,7 @@ async fn a_signal_while_waiting_leaves_no_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_line_only_on_a_terminal() {
     let path = unique_path("progress");
-    let mut holder = hold(&path, "3", "holder").await;
+    let holder = hold(&path, "holder").await;
     let zk_connect = zookeeper().await.connect_string().to_owned();
     let in_pty = |quiet: bool| {
         let quiet = if quiet { "--quiet " } else { "" };
@@ -375,7 +398,15 @@ async fn progress_line_only_on_a_terminal() {
         command
     };
     let piped_args = ["run", path.as_str(), "--", "true"];
-    let (on_terminal, quiet, piped) = tokio::join!(output(in_pty(false)), output(in_pty(true)), run(&piped_args));
+    let release_later = async {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        holder.release().await;
+    };
+    let (on_terminal, quiet, piped, ()) =
+        tokio::join!(output(in_pty(false)), output(in_pty(true)), run(&piped_args), release_later);
+    for waited in [&on_terminal, &quiet, &piped] {
+        assert!(waited.took >= Duration::from_secs(2), "each run waited over a second: {:?}", waited.took);
+    }
     assert_eq!(on_terminal.code, Some(0), "{}", on_terminal.stderr);
     assert!(
         on_terminal.stdout.contains(&format!("waiting for {path}: position")),
@@ -385,7 +416,6 @@ async fn progress_line_only_on_a_terminal() {
     assert!(!quiet.stdout.contains("waiting for"), "{:?}", quiet.stdout);
     assert_eq!(piped.code, Some(0));
     assert!(!piped.stderr.contains("waiting for"), "{:?}", piped.stderr);
-    assert!(holder.wait().await.unwrap().success());
 }
 
 /// Digest credentials come from ZKLOCK_AUTH or an auth file, never argv, and never show up in
@@ -406,10 +436,12 @@ async fn digest_auth_from_the_environment_or_a_file() {
     assert_eq!(refused.code, Some(77), "{}", refused.stderr);
     assert!(refused.stderr.contains("not authorized"), "{}", refused.stderr);
 
-    let mut with_env = zklock(&["run", &path, "--", "true"]).await;
+    // The credentials are ours, not the command's: not in its environment.
+    let mut with_env = zklock(&["run", &path, "--", "sh", "-c", "echo \"auth=${ZKLOCK_AUTH:-none}\""]).await;
     with_env.env("ZKLOCK_AUTH", "ops:zklock-pw-123");
     let out = output(with_env).await;
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "auth=none");
 
     let file = std::env::temp_dir().join(format!("zklock-auth-{}", std::process::id()));
     std::fs::write(&file, "ops:zklock-pw-123\n").unwrap();
@@ -429,4 +461,24 @@ async fn digest_auth_from_the_environment_or_a_file() {
     // There is no option that takes credentials.
     let help = run(&["run", "--help"]).await.stdout;
     assert!(!help.contains("--auth ") && !help.contains("--password"), "{help}");
+}
+
+/// zklock killed (SIGKILL: no chance to clean up) takes its command with it, so the command
+/// never runs on without the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_dies_with_zklock() {
+    let path = unique_path("dies-with");
+    let mut zklock_process =
+        zklock(&["run", &path, "--", "sh", "-c", "echo $$; sleep 30"]).await.stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(zklock_process.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let command_pid: libc::pid_t = line.trim().parse().unwrap();
+    zklock_process.start_kill().unwrap();
+    zklock_process.wait().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    while unsafe { libc::kill(command_pid, 0) } == 0 {
+        assert!(Instant::now() < deadline, "the command outlived zklock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
