@@ -171,6 +171,9 @@ async fn faults(soak: Arc<Soak>, until: Instant) -> BTreeMap<&'static str, usize
             _ => {
                 let client = soak.clients.lock().unwrap()[victim].clone();
                 if let Some(client) = client {
+                    // A close the server acts on at once: the victim's holds end now (see
+                    // `History::revoked`).
+                    soak.history.revoked(&format!("session-{victim}"));
                     let _ = expire_session(ensemble.server_addr(leader), &client).await;
                 }
                 "session expired"

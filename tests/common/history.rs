@@ -12,6 +12,15 @@
 //!   is a read followed by a fenced write of the value + 1 with the read version, so a write by
 //!   a second holder in between fails with `BadVersion`, which panics at once.
 //!
+//! A session the test closes itself (`expire_session`: a `closeSession` sent with the session's
+//! credentials, which the server acts on at once, not a timeout) has its locks revoked at that
+//! instant, like an operator deleting the node: the server deletes the nodes and grants the next
+//! waiter while the holder's client is only just noticing. No client can be told before the server
+//! acts on someone else's `closeSession`, so a hold of a revoked session counts as ended when the
+//! test started the close ([`History::revoked`]). The guarantee under test is about sessions
+//! that expire because the ensemble stopped hearing from them, which the fault injection causes
+//! in every other way.
+//!
 //! A grant is recorded when `acquire` returned, a release before `release` is called, a loss
 //! when `lost()` resolved: scheduling delays (milliseconds) can shorten a recorded interval
 //! against the server's view, not lengthen it.
@@ -40,6 +49,8 @@ pub struct History {
     holds: Mutex<Vec<HoldRecord>>,
     fenced_ok: Mutex<u64>,
     fenced_unknown: Mutex<u64>,
+    /// Sessions the test closed itself: by whom, when the close was started.
+    revocations: Mutex<Vec<(String, Instant)>>,
 }
 
 /// What a history check found (it panics on a violation).
@@ -59,7 +70,14 @@ impl History {
             holds: Mutex::default(),
             fenced_ok: Mutex::default(),
             fenced_unknown: Mutex::default(),
+            revocations: Mutex::default(),
         }
+    }
+
+    /// The test is about to close `who`'s session itself (call before `expire_session`): its
+    /// holds are revoked from now on (see the module docs).
+    pub fn revoked(&self, who: &str) {
+        self.revocations.lock().unwrap().push((who.to_owned(), Instant::now()));
     }
 
     /// Records a grant; returns the hold's index.
@@ -129,7 +147,15 @@ impl History {
     pub fn check(&self, counter_value: Option<u64>) -> Summary {
         let mut holds = self.holds.lock().unwrap().clone();
         holds.sort_by_key(|hold| hold.granted);
-        let end = |hold: &HoldRecord| hold.ended.map(|(at, _)| at);
+        let revocations = self.revocations.lock().unwrap().clone();
+        let end = |hold: &HoldRecord| {
+            let revoked =
+                revocations.iter().filter(|(who, at)| *who == hold.who && *at >= hold.granted).map(|(_, at)| *at).min();
+            match (hold.ended.map(|(at, _)| at), revoked) {
+                (Some(ended), Some(revoked)) => Some(ended.min(revoked)),
+                (ended, revoked) => ended.or(revoked),
+            }
+        };
         for (i, earlier) in holds.iter().enumerate() {
             for later in &holds[i + 1..] {
                 let overlaps = end(earlier).is_none_or(|ended| ended > later.granted);
