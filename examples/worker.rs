@@ -82,8 +82,20 @@ async fn worker(
                     mutex
                 },
             };
-            // Another worker has it: try the next job.
-            let Some(guard) = mutex.try_acquire().await? else { continue };
+            // Another worker has it (or no session right now, after an expiry): try the next job.
+            // `acquire_timeout` waits for a new session within its timeout; `try_acquire` would
+            // fail with `SessionLost` until there is one.
+            let guard = match mutex.acquire_timeout(Duration::from_millis(200)).await {
+                Ok(Some(guard)) => guard,
+                Ok(None) => continue,
+                // A job service logs and moves on (a create cut off by a restart several times in
+                // a row, ACLs changed under it, ...); the job is retried in the next round.
+                Err(err) => {
+                    eprintln!("{name}: job {job}: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                },
+            };
             if store.is_done(job) {
                 continue;
             }
