@@ -224,26 +224,8 @@ async fn unreadable_predecessor_is_watched_and_waited_for() {
 /// node, and logs no warning about one.
 #[test]
 fn refused_create_logs_nothing_about_a_node_that_never_existed() {
-    #[derive(Clone, Default)]
-    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
     // One thread: every task (cleanup included) logs through this subscriber.
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (capture, _default) = common::LogCapture::install(tracing::Level::DEBUG);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let admin = client().await;
@@ -255,7 +237,7 @@ fn refused_create_logs_nothing_about_a_node_that_never_existed() {
         assert!(matches!(err, Error::NoAuth { .. }), "{err:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     });
-    let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    let logs = capture.text();
     assert!(!logs.contains("cannot delete"), "a warning about a node that never existed:\n{logs}");
     assert!(!logs.contains("abandoned acquire"), "cleanup went looking for a node that never existed:\n{logs}");
 }

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{unique_path, zookeeper};
@@ -15,34 +13,12 @@ use zookeeper_client as zk;
 const AUTH: &[u8] = b"orders:s3cret-for-acl-test";
 const SECRET: &str = "s3cret-for-acl-test";
 
-/// A `tracing` writer collecting everything into a buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Auth bytes never reach `Debug` output or logs (at the most verbose level, every target).
 /// A current-thread runtime, so every task — ours and the client library's — logs into the
 /// capture installed for this thread.
 #[tokio::test]
 async fn auth_never_in_debug_or_logs() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = common::LogCapture::install(tracing::Level::TRACE);
 
     let builder = ManagedClient::builder(zookeeper().await.connect_string())
         .auth("digest", AUTH)
@@ -61,7 +37,7 @@ async fn auth_never_in_debug_or_logs() {
         assert!(!shown.contains(SECRET), "Debug shows the secret: {shown}");
         assert!(shown.len() < 400, "Debug is not compact ({} bytes): {shown}", shown.len());
     }
-    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let logs = captured.text();
     assert!(logs.contains("ZooKeeper session established"), "the capture works: {logs}");
     assert!(!logs.contains(SECRET), "a log line shows the secret");
     assert!(!logs.contains(&format!("{:?}", AUTH)), "a log line shows the auth bytes");

@@ -60,6 +60,41 @@ pub async fn assert_no_nodes_left(client: &zk::Client, path: &str) {
     .await;
 }
 
+/// Everything `tracing` logs on this thread while its guard lives, every target, up to a level:
+/// for tests that check what is (not) logged. Run the code under test on a current-thread
+/// runtime, so every task logs on this thread.
+#[derive(Clone, Default)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn install(level: tracing::Level) -> (LogCapture, tracing::subscriber::DefaultGuard) {
+        let capture = LogCapture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (capture, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// What was logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Installs a tracing subscriber once (RUST_LOG controls it).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
