@@ -451,20 +451,10 @@ impl Session {
         if !feed.watching.load(Ordering::Relaxed) {
             self.spawn_own_watch(feed, None);
         }
-        match feed.current() {
-            LockState::Lost(reason) => {
-                // The monitor may have stopped since: ask the client whether the session expired.
-                if refines(reason, LossReason::SessionExpired)
-                    && self.shared.client.state() == zk::SessionState::Expired
-                {
-                    feed.tell(LockState::Lost(LossReason::SessionExpired));
-                }
-            },
-            _ => {
-                let class = self.shared.class_now(&lock(&self.shared.inner), Instant::now());
-                feed.apply(verdict(class, feed.policy));
-            },
-        }
+        // Also for a lost hold: its reason becomes `SessionExpired` once the client knows (see
+        // `refines`; the monitor may have stopped since the loss).
+        let class = self.shared.class_now(&lock(&self.shared.inner), Instant::now());
+        feed.apply(verdict(class, feed.policy));
         feed.current()
     }
 
