@@ -14,7 +14,7 @@
 #
 # Idempotent: does nothing if TAG already exists. Needs root, docker, apt-get
 # (installs debootstrap if missing) and network access to the Debian mirror.
-# Takes about a minute and produces an image of about 340 MB.
+# Takes 1 to 3 minutes (measured 53 s to 153 s) and produces an image of about 370 MB.
 #
 # Environment overrides:
 #   DEBIAN_MIRROR   mirror URL for debootstrap (default: read from host apt sources)

@@ -14,6 +14,10 @@ use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 use crate::util::{self, env_nonempty, on_bg};
 use crate::HarnessError;
 
+/// How long a pull may take before the offline image is used instead: a reachable registry
+/// delivers the official image (~100 MB) well within it; an unreachable one usually fails at once.
+const PULL_LIMIT: Duration = Duration::from_secs(60);
+
 /// The official image used unless `ZK_IMAGE` says otherwise.
 pub(crate) const DEFAULT_IMAGE: &str = "zookeeper:3.9";
 /// The image `build-image.sh` builds (offline, from Debian packages).
@@ -190,6 +194,10 @@ pub(crate) async fn choose_image(docker: &bollard::Docker) -> Result<String, Str
     if image_exists(docker, &wanted).await {
         return Ok(wanted);
     }
+    // Without an explicit ZK_IMAGE, an offline image built earlier beats a pull.
+    if explicit.is_none() && image_exists(docker, LOCAL_IMAGE).await {
+        return Ok(LOCAL_IMAGE.to_string());
+    }
     // A failed pull is remembered for 10 minutes (across test processes: `cargo test` runs
     // one process per test target) so that an unreachable registry costs its timeout once.
     let marker =
@@ -204,12 +212,18 @@ pub(crate) async fn choose_image(docker: &bollard::Docker) -> Result<String, Str
         format!("{} (remembered from a previous attempt; delete {} to retry now)", previous.trim(), marker.display())
     } else {
         let (name, tag) = split_image(&wanted);
-        let pull = tokio::time::timeout(Duration::from_secs(180), GenericImage::new(name, tag).pull_image()).await;
+        notice(format!(
+            "image {wanted} is not present locally: pulling it (giving up after {} s; a failed pull is remembered \
+             for 10 minutes, then {LOCAL_IMAGE} is used or built offline)",
+            PULL_LIMIT.as_secs()
+        ));
+        let pull = tokio::time::timeout(PULL_LIMIT, GenericImage::new(name, tag).pull_image()).await;
         let e = match pull {
             Ok(Ok(_)) => return Ok(wanted),
             Ok(Err(e)) => e.to_string(),
-            Err(_) => "pull timed out after 180 s".to_string(),
+            Err(_) => format!("pull timed out after {} s", PULL_LIMIT.as_secs()),
         };
+        notice(format!("pulling {wanted} failed: {e}"));
         let _ = std::fs::write(&marker, &e);
         e
     };
@@ -430,7 +444,7 @@ async fn autobuild_locked(docker: &bollard::Docker, why: &str, script: &str) -> 
 
     notice(format!(
         "{why}, and {LOCAL_IMAGE} does not exist: building it now with {script} \
-         (Debian + libzookeeper-java via debootstrap; about a minute, once per machine; \
+         (Debian + libzookeeper-java via debootstrap, about 370 MB; 1 to 3 minutes, once per machine; \
          set ZK_AUTOBUILD=0 to disable)"
     ));
     let script_file: PathBuf = tmp.join(format!("zk-testcontainers-build-image-{}.sh", std::process::id()));

@@ -46,9 +46,19 @@ pub struct EnsembleBuilder {
     tick_time: Duration,
     init_limit: u32,
     sync_limit: u32,
+    /// Extra `zoo.cfg` entries of single servers, appended after the common ones.
+    server_extra: Vec<(usize, String)>,
 }
 
 impl EnsembleBuilder {
+    /// Extra `zoo.cfg` entries (`key=value`, space separated) for server `i` only, appended after
+    /// the common ones, so they win: e.g. `maxSessionTimeout=2000` to give one server a different
+    /// session timeout range than the others (as during a rolling configuration change).
+    pub fn server_extra(mut self, i: usize, entries: &str) -> Self {
+        self.server_extra.push((i, entries.to_owned()));
+        self
+    }
+
     /// Number of servers (default 3).
     pub fn servers(mut self, servers: usize) -> Self {
         self.servers = servers;
@@ -162,11 +172,17 @@ async fn start_on_bg(settings: EnsembleBuilder) -> Result<Ensemble, HarnessError
             .with_env_var("ZOO_MAX_CLIENT_CNXNS", "0")
             .with_env_var("ZOO_ADMINSERVER_ENABLED", "false")
             .with_env_var("ZOO_AUTOPURGE_PURGEINTERVAL", "0")
-            .with_env_var(
-                "ZOO_CFG_EXTRA",
-                "forceSync=no maxSessionTimeout=60000 minSessionTimeout=1000 quorumListenOnAllIPs=true \
-                 cnxTimeout=1000",
-            )
+            .with_env_var("ZOO_CFG_EXTRA", {
+                let mut extra = String::from(
+                    "forceSync=no maxSessionTimeout=60000 minSessionTimeout=1000 quorumListenOnAllIPs=true \
+                     cnxTimeout=1000",
+                );
+                for (_, entries) in settings.server_extra.iter().filter(|(server, _)| *server == i) {
+                    extra.push(' ');
+                    extra.push_str(entries);
+                }
+                extra
+            })
             .with_env_var("JVMFLAGS", crate::SERVER_JVM_FLAGS.join(" "))
             .with_label(LABEL_PID, std::process::id().to_string())
             .with_label(LABEL_HOST, util::hostname())
@@ -220,7 +236,13 @@ async fn futures_join_all<T: Send + 'static>(
 impl Ensemble {
     /// A builder: 3 servers, `tickTime` 500 ms, `initLimit` 10, `syncLimit` 5.
     pub fn builder() -> EnsembleBuilder {
-        EnsembleBuilder { servers: 3, tick_time: Duration::from_millis(500), init_limit: 10, sync_limit: 5 }
+        EnsembleBuilder {
+            servers: 3,
+            tick_time: Duration::from_millis(500),
+            init_limit: 10,
+            sync_limit: 5,
+            server_extra: Vec::new(),
+        }
     }
 
     /// Starts `servers` servers with the default settings (see [`Ensemble::builder`]).
@@ -266,6 +288,14 @@ impl Ensemble {
     /// Connects a client to server `i` only.
     pub async fn client_of(&self, i: usize, session_timeout: Duration) -> Result<Client, HarnessError> {
         connect(self.server_addr(i), session_timeout).await
+    }
+
+    /// Server `i`'s answer to a four-letter word (`cons`, `mntr`, `conf`, ...; all are enabled).
+    ///
+    /// # Errors
+    /// [`HarnessError`] if the server does not answer within 2 s.
+    pub async fn four_letter_word(&self, i: usize, word: &str) -> Result<String, HarnessError> {
+        util::four_letter_word(self.server_addr(i), word, Duration::from_secs(2)).await
     }
 
     /// `srvr`'s `Mode:` of server `i` (`leader`, `follower`, `standalone`), or `None` if it does

@@ -121,14 +121,36 @@ async fn expire_session_expires_the_original_client() {
     assert_eq!(other.check_stat(&path).await.expect("stat"), None);
 }
 
+/// An external server (what `ZK_CONNECT` gives) is used, never managed: stop, restart and pause
+/// are refused with an error naming `ZK_CONNECT`, and the server keeps serving. Checked whatever
+/// the environment, against the shared server seen as external.
 #[tokio::test]
 async fn external_backend_refuses_management() {
-    // Only meaningful with ZK_CONNECT; otherwise check the error text path by construction.
-    let zk = ZooKeeper::shared().await.expect("server");
-    if *zk.backend() == Backend::External {
-        let e = zk.stop().await.expect_err("stop on external");
-        assert!(e.to_string().contains("ZK_CONNECT"), "{e}");
+    let shared = ZooKeeper::shared().await.expect("server");
+    let zk = ZooKeeper::external(shared.connect_string());
+    assert_eq!(*zk.backend(), Backend::External);
+    assert_eq!(zk.connect_string(), shared.connect_string());
+    for (op, result) in [("stop", zk.stop().await), ("restart", zk.restart().await), ("pause", zk.pause().await)] {
+        let e = result.expect_err("managing an external server");
+        assert!(e.to_string().contains("ZK_CONNECT") && e.to_string().contains(op), "{op}: {e}");
     }
+    let client = zk.client().await.expect("the external server still serves");
+    assert!(client.check_stat("/").await.expect("stat /").is_some());
+    drop(zk); // dropping an external server stops nothing
+    let again = shared.client().await.expect("the server is still up after the external handle was dropped");
+    assert!(again.check_stat("/").await.expect("stat /").is_some());
+}
+
+/// With `REQUIRE_DOCKER=1` (CI, which unsets `ZK_CONNECT`) the shared server is a container: the
+/// container path cannot be skipped silently.
+#[tokio::test]
+async fn require_docker_gives_a_container() {
+    if std::env::var("REQUIRE_DOCKER").as_deref() != Ok("1") {
+        return;
+    }
+    assert!(std::env::var_os("ZK_CONNECT").is_none(), "ZK_CONNECT outranks REQUIRE_DOCKER: unset it");
+    let zk = ZooKeeper::shared().await.expect("server");
+    assert!(matches!(zk.backend(), Backend::Container { .. }), "{:?}", zk.backend());
 }
 
 #[tokio::test]
