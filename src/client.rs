@@ -27,6 +27,7 @@ use tokio::sync::{broadcast, watch};
 use tracing::{error, info, warn};
 use zookeeper_client as zk;
 
+use crate::acl::AclList;
 use crate::cleanup::Cleanup;
 use crate::error::{Error, Result};
 use crate::session::{lock, Session};
@@ -37,13 +38,39 @@ use crate::session::{lock, Session};
 pub(crate) struct SessionContext {
     pub(crate) session: Session,
     pub(crate) cleanup: Arc<Cleanup>,
+    /// A managed client's "closed" flag (`None` for a plain client, which cannot be closed).
+    closed: Option<watch::Receiver<bool>>,
 }
 
 impl SessionContext {
-    pub(crate) fn new(client: &zk::Client) -> Arc<SessionContext> {
-        let session = Session::of(client);
+    /// The context of `client`'s session: a plain client's (`owner` 0, shared by every plain
+    /// client of the session) or a managed client's (`owner` its id; see `session.rs`,
+    /// *Identity*), whose sessions none may negotiate a timeout below `min_session_timeout`.
+    pub(crate) fn new(
+        client: &zk::Client,
+        owner: u64,
+        min_session_timeout: Option<Duration>,
+        closed: Option<watch::Receiver<bool>>,
+    ) -> Arc<SessionContext> {
+        let session = Session::of(client, owner);
+        session.min_session_timeout(min_session_timeout);
         let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot()));
-        Arc::new(SessionContext { session, cleanup })
+        Arc::new(SessionContext { session, cleanup, closed })
+    }
+
+    /// Whether the managed client this session belongs to was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.as_ref().is_some_and(|closed| *closed.borrow())
+    }
+
+    /// Resolves once the managed client is closed (never for a plain client). Cancel safe.
+    pub(crate) async fn closed(&self) {
+        match self.closed.clone() {
+            Some(mut closed) => {
+                let _ = closed.wait_for(|closed| *closed).await;
+            },
+            None => std::future::pending().await,
+        }
     }
 
     /// The recipe's client on this session.
@@ -51,6 +78,9 @@ impl SessionContext {
         self.cleanup.client()
     }
 }
+
+/// The owner of plain clients' session monitors (see `session.rs`, *Identity*).
+const PLAIN: u64 = 0;
 
 /// The client a recipe runs on: a [`ManagedClient`] (a new session after an expiry, recipes keep
 /// working) or a plain `zookeeper_client::Client` (dead for good after an expiry).
@@ -79,13 +109,13 @@ enum Source {
 
 impl From<zk::Client> for RecipeClient {
     fn from(client: zk::Client) -> RecipeClient {
-        RecipeClient(Source::Fixed(SessionContext::new(&client)))
+        RecipeClient(Source::Fixed(SessionContext::new(&client, PLAIN, None, None)))
     }
 }
 
 impl From<&zk::Client> for RecipeClient {
     fn from(client: &zk::Client) -> RecipeClient {
-        RecipeClient(Source::Fixed(SessionContext::new(client)))
+        RecipeClient(Source::Fixed(SessionContext::new(client, PLAIN, None, None)))
     }
 }
 
@@ -149,6 +179,8 @@ pub enum ConnectionState {
     /// The ensemble refused our authentication for a new session. Final: the managed client
     /// stops establishing sessions, and acquires fail with [`Error::SessionLost`].
     AuthFailed,
+    /// [`ManagedClient::close`] was called. Final: acquires fail with [`Error::Closed`].
+    Closed,
 }
 
 impl std::fmt::Display for ConnectionState {
@@ -160,6 +192,7 @@ impl std::fmt::Display for ConnectionState {
             ConnectionState::Lost => "lost",
             ConnectionState::NewSession => "new session",
             ConnectionState::AuthFailed => "authentication failed (final)",
+            ConnectionState::Closed => "closed (final)",
         })
     }
 }
@@ -198,6 +231,11 @@ pub struct ManagedClient {
 }
 
 struct Managed {
+    /// This managed client's id, unique in the process: the owner of its sessions' monitors.
+    id: u64,
+    /// The smallest session timeout any server may negotiate (see
+    /// [`ManagedClientBuilder::min_session_timeout`]).
+    min_session_timeout: Option<Duration>,
     /// The connect string (hosts and chroot; ZooKeeper connect strings carry no credentials).
     hosts: String,
     connector: zk::Connector,
@@ -211,6 +249,8 @@ struct Managed {
     state: Mutex<ConnectionState>,
     states: broadcast::Sender<ConnectionState>,
     supervisor: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Set by [`ManagedClient::close`].
+    closed: watch::Sender<bool>,
 }
 
 impl Drop for Managed {
@@ -238,6 +278,7 @@ pub struct ManagedClientBuilder {
     hosts: String,
     connector: Option<zk::Connector>,
     session_timeout: Option<Duration>,
+    min_session_timeout: Option<Duration>,
     connect_timeout: Duration,
     auth: Vec<(String, Vec<u8>)>,
     acls: Vec<zk::Acl>,
@@ -250,6 +291,7 @@ impl std::fmt::Debug for ManagedClientBuilder {
         f.debug_struct("ManagedClientBuilder")
             .field("hosts", &self.hosts)
             .field("session_timeout", &self.session_timeout)
+            .field("min_session_timeout", &self.min_session_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("auth_schemes", &schemes)
             .field("acls", &self.acls.len())
@@ -265,6 +307,22 @@ impl ManagedClientBuilder {
     /// `maxSessionTimeout`). Defaults to the connector's (6 s for `zookeeper_client`'s).
     pub fn session_timeout(mut self, timeout: Duration) -> ManagedClientBuilder {
         self.session_timeout = Some(timeout);
+        self
+    }
+
+    /// The smallest session timeout any server of the ensemble may negotiate for this client:
+    /// `min` over the servers of `max(minSessionTimeout, min(maxSessionTimeout, T))`, `T` the
+    /// requested [`session_timeout`](Self::session_timeout). Set it when the servers' timeout
+    /// limits (or `tickTime`, from which the defaults derive) differ, or may differ during a
+    /// rolling change: a server clamps the timeout again whenever the client reconnects to it, and
+    /// the leader then expires the session by the new value, which the client library does not
+    /// report. The session monitor counts every hold's loss deadline with the smaller of this and
+    /// the timeout negotiated at connect, so a holder is told before the leader can expire its
+    /// session whichever server it moves to. Unset, every server is assumed to negotiate the same
+    /// timeout (README, Guarantees). A [`MutexBuilder::min_session_timeout`](crate::MutexBuilder::min_session_timeout)
+    /// lower still wins for the sessions that recipe runs on.
+    pub fn min_session_timeout(mut self, floor: Duration) -> ManagedClientBuilder {
+        self.min_session_timeout = Some(floor);
         self
     }
 
@@ -286,8 +344,8 @@ impl ManagedClientBuilder {
     /// The ACLs recipes give the nodes they create (lock nodes and the container parents of lock
     /// paths), unless a recipe's builder says otherwise. Default: `world:anyone` with all rights,
     /// Curator's default. See the README's Security section for what to choose.
-    pub fn acls(mut self, acls: impl Into<Vec<zk::Acl>>) -> ManagedClientBuilder {
-        self.acls = acls.into();
+    pub fn acls(mut self, acls: impl Into<AclList>) -> ManagedClientBuilder {
+        self.acls = acls.into().into();
         self
     }
 
@@ -321,9 +379,14 @@ impl ManagedClientBuilder {
             "ZooKeeper session established"
         );
         crate::metrics::session_created();
-        let context = SessionContext::new(&client);
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(PLAIN + 1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let closed = watch::Sender::new(false);
+        let context = SessionContext::new(&client, id, self.min_session_timeout, Some(closed.subscribe()));
         let (states, _) = broadcast::channel(64);
         let inner = Arc::new(Managed {
+            id,
+            min_session_timeout: self.min_session_timeout,
             hosts: self.hosts,
             connector,
             acls: self.acls,
@@ -333,6 +396,7 @@ impl ManagedClientBuilder {
             state: Mutex::new(ConnectionState::Connected),
             states,
             supervisor: Mutex::new(None),
+            closed,
         });
         let supervisor = tokio::spawn(supervise(Arc::downgrade(&inner), client));
         *lock(&inner.supervisor) = Some(supervisor.abort_handle());
@@ -350,21 +414,85 @@ async fn first_session(connector: &zk::Connector, hosts: &str, timeout: Duration
         match tokio::time::timeout_at(give_up, connector.clone().connect(hosts)).await {
             Ok(Ok(client)) => return Ok(client),
             Ok(Err(err @ (zk::Error::BadArguments(_) | zk::Error::AuthFailed))) => {
-                return Err(Error::Connect { hosts: hosts.to_owned(), reason: err.to_string() })
+                return Err(Error::Connect { hosts: hosts.to_owned(), reason: err.to_string(), source: None })
             },
             Ok(Err(err)) => last = err.to_string(),
             Err(_) => {},
         }
         let now = tokio::time::Instant::now();
         if now + backoff >= give_up {
+            // The client library reports only that no attempt succeeded: find out why the hosts
+            // cannot be reached (bounded: one short attempt per host).
+            let unreachable = unreachable_host(hosts).await;
+            let reason = match &unreachable {
+                Some((host, err)) => format!("gave up after {timeout:?}: {last}; {host}: {err}"),
+                None => format!("gave up after {timeout:?}: {last} (the hosts accept TCP connections)"),
+            };
             return Err(Error::Connect {
                 hosts: hosts.to_owned(),
-                reason: format!("gave up after {timeout:?}: {last}"),
+                reason,
+                source: unreachable.map(|(_, err)| Arc::new(err)),
             });
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Deletes every ephemeral node of `client`'s session until the server lists none (what a
+/// `closeSession` would do, with the session kept). Acquires were cancelled before: a create sent
+/// before is answered before our listing (one session's requests are answered in order), so it is
+/// listed; nothing new is created after.
+async fn delete_ephemerals(client: &zk::Client) -> Result<()> {
+    let failed = |err| Error::zk("delete the session's nodes on close", "/", err);
+    loop {
+        let nodes = crate::cleanup::retry_unknown(|| client.list_ephemerals("/")).await.map_err(failed)?;
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        for node in &nodes {
+            match crate::cleanup::retry_unknown(|| client.delete(node, None)).await {
+                Ok(()) | Err(zk::Error::NoNode) => {},
+                Err(err) => return Err(failed(err)),
+            }
+        }
+    }
+}
+
+/// The first host of the connect string `hosts` that cannot be reached over TCP, with why: its
+/// name does not resolve, the connection is refused, or it times out (1 s). `None` if every host
+/// accepts a connection (the trouble is then ZooKeeper's, not the network's).
+async fn unreachable_host(hosts: &str) -> Option<(String, std::io::Error)> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .map(|host| host.rsplit_once("://").map_or(host, |(_, rest)| rest))
+        .map(|host| host.split('/').next().unwrap_or(host).trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .collect();
+    // Name resolution and connect block: off the runtime's worker threads.
+    let probe = tokio::task::spawn_blocking(move || {
+        hosts.into_iter().find_map(|host| {
+            let with_port = if host.contains(':') { host.clone() } else { format!("{host}:2181") };
+            let addrs = match with_port.to_socket_addrs() {
+                Ok(addrs) => addrs.collect::<Vec<_>>(),
+                Err(err) => {
+                    let err = std::io::Error::new(err.kind(), format!("cannot resolve the host name: {err}"));
+                    return Some((host, err));
+                },
+            };
+            let mut last = None;
+            for addr in addrs {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(_) => return None,
+                    Err(err) => last = Some(err),
+                }
+            }
+            let err = last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"));
+            Some((host, std::io::Error::new(err.kind(), format!("cannot connect: {err}"))))
+        })
+    });
+    probe.await.ok().flatten()
 }
 
 impl ManagedClient {
@@ -375,6 +503,7 @@ impl ManagedClient {
             hosts: hosts.into(),
             connector: None,
             session_timeout: None,
+            min_session_timeout: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             auth: Vec::new(),
             acls: zk::Acls::anyone_all().to_vec(),
@@ -415,6 +544,54 @@ impl ManagedClient {
 
     fn context(&self) -> Arc<SessionContext> {
         lock(&self.inner.current).clone()
+    }
+
+    /// Closes the managed client (Curator's `close()`, kazoo's `stop()`): every acquire in flight
+    /// fails with [`Error::Closed`] (its queued node is deleted), every hold is told
+    /// [`LossReason::SessionClosed`](crate::LossReason::SessionClosed), every ephemeral node of
+    /// the session — lock nodes and any of your own — is deleted and the deletion confirmed with
+    /// the server (`getEphemerals`), so the next acquirer on another client is granted at once
+    /// rather than after the session timeout. No new session is established; later acquires fail
+    /// with [`Error::Closed`]; [`state`](Self::state) is [`ConnectionState::Closed`]. Idempotent.
+    ///
+    /// The ZooKeeper session itself ends (`closeSession`) when the last `zookeeper_client::Client`
+    /// of it is dropped — the managed client's, its recipes', its guards' and any
+    /// [`client`](Self::client) copy you kept: `zookeeper-client` closes a session only then.
+    /// Nothing of it stays in ZooKeeper meanwhile.
+    ///
+    /// Cancel safe: once called, the client is closed even if the future is dropped; the nodes are
+    /// then deleted by the background cleanup, or by the server when the session ends.
+    ///
+    /// # Errors
+    /// [`Error::ZooKeeper`] (or [`Error::SessionLost`]) if the nodes could not be confirmed
+    /// deleted within the session timeout (the server is unreachable): they go when the server
+    /// expires the session. The client is closed all the same.
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.closed.send_replace(true) {
+            return Ok(());
+        }
+        if let Some(supervisor) = lock(&self.inner.supervisor).take() {
+            supervisor.abort();
+        }
+        self.inner.supervising.store(false, Ordering::SeqCst);
+        self.inner.generation.send_modify(|generation| *generation += 1);
+        self.inner.publish(ConnectionState::Closed);
+        let context = self.context();
+        context.session.close_holds();
+        let client = context.client().clone();
+        if client.state().is_terminated() {
+            return Ok(());
+        }
+        let timeout = client.session_timeout();
+        let deleted = tokio::time::timeout(timeout, delete_ephemerals(&client)).await;
+        match deleted {
+            Ok(result) => result,
+            Err(_) => Err(Error::ZooKeeper {
+                op: "delete the session's nodes on close",
+                path: "/".to_owned(),
+                source: zk::Error::Timeout,
+            }),
+        }
     }
 
     async fn replacement(&self, ended: &Arc<SessionContext>, wait: bool) -> Option<Arc<SessionContext>> {
@@ -527,7 +704,11 @@ async fn supervise(managed: Weak<Managed>, mut client: zk::Client) {
             "new ZooKeeper session established"
         );
         crate::metrics::session_created();
-        *lock(&managed.current) = SessionContext::new(&client);
+        if *managed.closed.borrow() {
+            return;
+        }
+        *lock(&managed.current) =
+            SessionContext::new(&client, managed.id, managed.min_session_timeout, Some(managed.closed.subscribe()));
         managed.generation.send_modify(|generation| *generation += 1);
         managed.publish(ConnectionState::NewSession);
     }

@@ -9,12 +9,17 @@
 //!    created at the same moment: [`listing`](crate::listing)). The server answers a session's
 //!    requests in order, so the listing already contains our node: an uncontended acquire costs
 //!    one round trip.
-//!    - The directory is missing: create it (and its parents) as container nodes, try again.
+//!    - The directory is missing: create its missing levels as container nodes *together with our
+//!      node*, in one `multi` (see `OnSession::create_with_levels`: nothing can strand an empty one).
 //!    - The create's outcome is unknown (connection lost or stalled before the reply): look for
 //!      our GUID among the children (owned by our session) before creating again, so one attempt
 //!      never leaves two nodes.
 //! 3. Sort the lock nodes by sequence (foreign children are ignored) and ask the driver.
-//!    - Acquired: disarm the pending node; the caller now owns it.
+//!    - Acquired: hand the node to the session monitor as a hold — only once the monitor vouches
+//!      for the session (its loss deadline ahead, and under `LossPolicy::Suspended` the
+//!      connection up): a grant is never returned already lost. Until then the node keeps its
+//!      place in the queue; `try_acquire` gives it up instead of waiting. Then disarm the pending
+//!      node; the caller owns it.
 //!    - Not first and not waiting (`try_acquire`): delete our node.
 //!    - Our node is not in the listing: someone deleted it; create a new one.
 //! 4. Wait: merge the listing into the process's view of the directory ([`DirView`]), watch our
@@ -29,8 +34,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::{debug, warn, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -41,6 +46,8 @@ use crate::driver::{Decision, LockDriver};
 use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
 use crate::listing::{self, Listing};
 use crate::naming::{self, LockChild};
+use crate::session::HoldFeed;
+use crate::state::LossPolicy;
 use crate::view::DirView;
 
 /// How many times in a row our node may vanish under us before we give up.
@@ -69,12 +76,14 @@ pub(crate) struct LockNode {
     pub view: Option<Arc<DirView>>,
 }
 
-/// A granted lock: our node, the watch on it if one is already set, and the session it is held
-/// by.
+/// A granted lock: our node, its hold as the session monitor tracks it, and the session it is
+/// held by.
 pub(crate) struct Grant {
     pub node: LockNode,
-    pub own_watch: Option<NodeWatch>,
+    pub feed: Arc<HoldFeed>,
     pub context: Arc<SessionContext>,
+    /// Granted after waiting for a predecessor (a handoff), not at once.
+    pub handoff: bool,
 }
 
 /// Whether an attempt waits for its turn.
@@ -101,11 +110,23 @@ pub(crate) struct LockInternals {
     dir: String,
     node_data: Vec<u8>,
     acls: Vec<zk::Acl>,
+    /// When a lost connection means a lost lock, for the holds granted here.
+    loss_policy: LossPolicy,
+    /// The smallest session timeout any server may negotiate, if the application stated one
+    /// (`session.rs`, *Which T*).
+    min_session_timeout: Option<Duration>,
 }
 
 impl LockInternals {
-    pub(crate) fn new(client: RecipeClient, dir: String, node_data: Vec<u8>, acls: Vec<zk::Acl>) -> LockInternals {
-        LockInternals { client, dir, node_data, acls }
+    pub(crate) fn new(
+        client: RecipeClient,
+        dir: String,
+        node_data: Vec<u8>,
+        acls: Vec<zk::Acl>,
+        loss_policy: LossPolicy,
+        min_session_timeout: Option<Duration>,
+    ) -> LockInternals {
+        LockInternals { client, dir, node_data, acls, loss_policy, min_session_timeout }
     }
 
     pub(crate) fn dir(&self) -> &str {
@@ -127,11 +148,26 @@ impl LockInternals {
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         let mut context = self.context();
         loop {
+            let closed = || Error::Closed { path: self.dir.clone() };
+            if context.is_closed() {
+                return Err(closed());
+            }
             let on_session = OnSession { lock: self, context: &context };
-            let result = match on_session.attempt(driver, wait).await {
+            // A close cancels the attempt: its node is deleted in the background, as on any drop.
+            let attempt = tokio::select! {
+                result = async {
+                    match wait {
+                        Wait::Forever => on_session.attempt(driver, wait).await,
+                        Wait::No => on_session.attempt_while_connected(driver).await,
+                    }
+                } => result,
+                () = context.closed() => return Err(closed()),
+            };
+            let result = match attempt {
                 // Granted from replies that arrived just before the session ended: the node is
                 // gone (or goes when the server times the session out), so is the lock.
-                Ok(Some(_)) if context.client().state().is_terminated() => {
+                Ok(Some(grant)) if context.client().state().is_terminated() => {
+                    grant.context.session.release(&grant.feed);
                     Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
                 },
                 result => result,
@@ -139,7 +175,9 @@ impl LockInternals {
             let Err(Error::SessionLost { .. }) = &result else { return result };
             // `acquire` waits for the new session however long establishing it takes (a timeout
             // around it bounds that); `try_acquire` only takes one already there.
-            let Some(next) = self.client.replacement(&context, wait == Wait::Forever).await else { return result };
+            let Some(next) = self.client.replacement(&context, wait == Wait::Forever).await else {
+                return if context.is_closed() { Err(closed()) } else { result };
+            };
             debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
             context = next;
         }
@@ -165,6 +203,7 @@ impl OnSession<'_> {
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         // The session monitor heartbeats while we wait, so a grant from the view has fresh
         // evidence that the session is alive (see `session.rs`).
+        self.context.session.min_session_timeout(self.lock.min_session_timeout);
         let _ticket = self.context.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
         self.context.cleanup.remember_runtime();
@@ -176,8 +215,13 @@ impl OnSession<'_> {
             Span::current().record("sequence", node.sequence);
             match self.wait_for_turn(driver, &mut node, listing, wait).await? {
                 Turn::Acquired(own_watch) => {
+                    let handoff = own_watch.is_some();
+                    let Some(feed) = self.vouched_hold(&node, own_watch, wait).await? else {
+                        pending.delete_now().await?;
+                        return Ok(None);
+                    };
                     pending.disarm();
-                    return Ok(Some(Grant { node, own_watch, context: self.context.clone() }));
+                    return Ok(Some(Grant { node, feed, context: self.context.clone(), handoff }));
                 },
                 Turn::NotNow => {
                     pending.delete_now().await?;
@@ -196,6 +240,75 @@ impl OnSession<'_> {
         }
     }
 
+    /// Step 3, acquired: our node as a hold the session monitor tracks, once the monitor vouches
+    /// for the session. `None` with [`Wait::No`] when it cannot right now.
+    ///
+    /// Why wait rather than grant: the grant is decided from our view of the queue, but the
+    /// holder's right to act rests on the session — were its loss deadline already past, the
+    /// leader could have expired it, deleted our node and granted the next waiter, while
+    /// `acquire` told the application it holds the lock. Waiting keeps our place: if the session
+    /// lives, the monitor's next answered round vouches for it again; if not, the session ends and
+    /// so does this attempt.
+    async fn vouched_hold(
+        &self,
+        node: &LockNode,
+        mut own_watch: Option<NodeWatch>,
+        wait: Wait,
+    ) -> Result<Option<Arc<HoldFeed>>> {
+        let session = &self.context.session;
+        loop {
+            match session.track(&self.context.cleanup, &node.path, self.lock.loss_policy, own_watch) {
+                Ok(feed) => return Ok(Some(feed)),
+                Err(unvouched) => {
+                    own_watch = unvouched.own_watch;
+                    if let Some(reason) = session.ended() {
+                        return Err(self.session_lost(reason.to_string()));
+                    }
+                    if wait == Wait::No {
+                        return Ok(None);
+                    }
+                    debug!(path = &*node.path, reason = %unvouched.reason, "our turn, but the session cannot be vouched for yet; waiting");
+                    if let Err(reason) = session.until_vouched(self.lock.loss_policy).await {
+                        return Err(self.session_lost(reason.to_string()));
+                    }
+                },
+            }
+        }
+    }
+
+    /// A [`Wait::No`] attempt (`try_acquire`), which waits for no holder and for no connection
+    /// either: `Ok(None)` at once when the connection is down (a managed client's `Suspended`),
+    /// or as soon as it goes down during the attempt.
+    ///
+    /// 1. While disconnected, the client queues requests until it reconnects or gives the
+    ///    session up (1.4 T): an attempt would wait that long for its create's reply.
+    /// 2. So the attempt is raced against the connection going down, which is checked first: an
+    ///    attempt is only dropped before it produced its result (a grant is returned, never
+    ///    dropped), and one never polled has sent nothing and armed nothing.
+    /// 3. Dropping the attempt is its cancellation, which is safe at any `.await` (step 1 of the
+    ///    module docs): a node it may have created — even a create still queued in the client,
+    ///    sent after the reconnection — is found by its GUID and deleted in the background.
+    /// 4. `Ok(None)`, not `SessionLost`: the session may well be alive (it is until the ensemble
+    ///    expires it); the lock just cannot be taken now. A session already ended is reported by
+    ///    the attempt itself (the state is then terminal, never `Disconnected` again).
+    async fn attempt_while_connected(&self, driver: &dyn LockDriver) -> Result<Option<Grant>> {
+        let mut states = self.context.client().state_watcher();
+        let disconnected = async move {
+            let mut state = states.state();
+            while state != zk::SessionState::Disconnected {
+                state = states.changed().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = disconnected => {
+                debug!(lock_path = self.lock.dir, "try_acquire: the connection is down; the lock cannot be taken now");
+                Ok(None)
+            },
+            result = self.attempt(driver, Wait::No) => result,
+        }
+    }
+
     /// Creates our node (step 2), returning it and the pipelined listing when that succeeded.
     async fn create(
         &self,
@@ -209,6 +322,8 @@ impl OnSession<'_> {
         let mut backoff = Backoff::new();
         let mut outcome_was_unknown = false;
         let mut unknown_in_a_row = 0;
+        // Levels of the lock path found missing: created with our node by the next create.
+        let mut missing: Option<Vec<String>> = None;
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
@@ -230,15 +345,25 @@ impl OnSession<'_> {
             }
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
-            let sent = Instant::now();
-            let create = client.create(prefix, &self.lock.node_data, &options);
+            let sent = self.context.session.now();
+            let create: CreateFuture<'_> = match missing.take() {
+                None => {
+                    let create = client.create(prefix, &self.lock.node_data, &options);
+                    Box::pin(async move {
+                        create
+                            .await
+                            .map(|(stat, sequence)| (stat, format!("{prefix}{sequence}"), sequence.into_i64()))
+                            .map_err(CreateError::Node)
+                    })
+                },
+                Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options)?,
+            };
             let listing = listing::after_sent_requests(client, &self.lock.dir, lock_name);
             match create.await {
-                Ok((stat, sequence)) => {
+                Ok((stat, path, sequence)) => {
                     // A write is answered only once the leader committed it: evidence for the
                     // session's loss deadline, so a hold granted now needs no heartbeat first.
                     self.context.session.answered(sent, true);
-                    let path = format!("{prefix}{sequence}");
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
                     let listing = listing.await.and_then(Result::ok);
@@ -246,14 +371,30 @@ impl OnSession<'_> {
                         // Sent no earlier than the create: an answer a later round pairs with.
                         self.context.session.answered(sent, false);
                     }
-                    let node = LockNode { path: path.into(), sequence: sequence.into_i64(), czxid, view: None };
+                    let node = LockNode { path: path.into(), sequence, czxid, view: None };
                     return Ok((node, listing));
                 },
-                Err(zk::Error::NoNode) => {
+                Err(CreateError::Parents(err)) => {
+                    // Nothing was applied (a `multi` is all or nothing): look again.
                     drop(listing);
-                    self.create_parents().await?;
+                    match err {
+                        // A level was created meanwhile, or one above deleted (by the container
+                        // reaper): what is missing now?
+                        zk::Error::NodeExists | zk::Error::NoNode => {},
+                        err if transient(&err) => backoff.wait().await,
+                        zk::Error::NoAuth => {
+                            return Err(Error::NoAuth { op: "create the lock path", path: self.lock.dir.clone() })
+                        },
+                        err => return Err(Error::zk("create the lock path", &self.lock.dir, err)),
+                    }
+                    missing = self.missing_levels().await?;
                 },
-                Err(err) if outcome_unknown(&err) => {
+                Err(CreateError::ChrootMissing) => return Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
+                Err(CreateError::Node(zk::Error::NoNode)) => {
+                    drop(listing);
+                    missing = self.missing_levels().await?;
+                },
+                Err(CreateError::Node(err)) if outcome_unknown(&err) => {
                     debug!(%err, "lock node create outcome unknown");
                     unknown_in_a_row += 1;
                     if unknown_in_a_row >= MAX_UNKNOWN_CREATES {
@@ -267,8 +408,8 @@ impl OnSession<'_> {
                     pending.maybe_applied();
                     backoff.wait().await;
                 },
-                Err(zk::Error::Throttled) => backoff.wait().await,
-                Err(err) => {
+                Err(CreateError::Node(zk::Error::Throttled)) => backoff.wait().await,
+                Err(CreateError::Node(err)) => {
                     if refused(&err) {
                         // Refused: unless an earlier create of this attempt may have been applied,
                         // no node exists that cleanup would have to look for.
@@ -288,16 +429,87 @@ impl OnSession<'_> {
             .map_err(|err| Error::zk("read lock node", path, err))
     }
 
-    /// Creates the lock directory and its missing ancestors as container nodes (which the server
-    /// deletes once they are empty again), tolerating concurrent creation.
-    async fn create_parents(&self) -> Result<()> {
-        let options = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.lock.acls));
-        match retry_unknown(|| self.context.client().mkdir(&self.lock.dir, &options)).await {
-            Ok(()) => Ok(()),
-            Err(zk::Error::NoNode) => Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
-            Err(zk::Error::NoAuth) => Err(Error::NoAuth { op: "create the lock path", path: self.lock.dir.clone() }),
-            Err(err) => Err(Error::zk("create the lock path", &self.lock.dir, err)),
+    /// The levels of the lock path (top-down) from the first one missing; `None` if none is
+    /// missing (someone created them meanwhile). The checks are pipelined: one round trip.
+    async fn missing_levels(&self) -> Result<Option<Vec<String>>> {
+        let client = self.context.client();
+        let dir = &self.lock.dir;
+        let levels: Vec<&str> =
+            dir.match_indices('/').skip(1).map(|(at, _)| &dir[..at]).chain(std::iter::once(dir.as_str())).collect();
+        let first_missing = retry_unknown(|| async {
+            let checks: Vec<_> = levels.iter().map(|level| client.check_stat(level)).collect();
+            for (at, check) in checks.into_iter().enumerate() {
+                if check.await?.is_none() {
+                    return Ok(Some(at));
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .map_err(|err| Error::zk("look for the lock path", dir, err))?;
+        Ok(first_missing.map(|at| levels[at..].iter().map(|level| (*level).to_owned()).collect()))
+    }
+
+    /// Sends one `multi` that creates the missing `levels` of the lock path as container nodes
+    /// and our node below them, and returns its reply.
+    ///
+    /// Why together: the server removes a container once it is empty *after having had a
+    /// child*; one that never had a child stays for ever. Created on their own, the levels would
+    /// be stranded by a cancel (or an error) between their creation and our node's create.
+    /// 1. A `multi` is applied entirely or not at all: the levels exist only with our node in
+    ///    them. Nothing is created (nothing to clean up) if it fails, however it fails.
+    /// 2. Our node is then cleaned up like any other (the pending node, by GUID if the reply is
+    ///    lost); once it is deleted, every level has had a child, and the server removes them
+    ///    when they are empty.
+    /// 3. Concurrent acquirers: whoever's `multi` comes second fails with `NodeExists` at a
+    ///    level, without effect, and creates its node plainly in the level now there (or looks
+    ///    again). A level above deleted meanwhile (by the container reaper) fails with `NoNode`:
+    ///    look again. No node of anyone else is ever deleted or changed.
+    fn create_with_levels<'f>(
+        &'f self,
+        levels: &[String],
+        prefix: &'f str,
+        lock_name: &'static str,
+        options: &zk::CreateOptions<'_>,
+    ) -> Result<CreateFuture<'f>> {
+        let client = self.context.client();
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.lock.acls));
+        let mut writer = client.new_multi_writer();
+        for level in levels {
+            writer.add_create(level, &[], &container).map_err(|err| Error::zk("create the lock path", level, err))?;
         }
+        writer
+            .add_create(prefix, &self.lock.node_data, options)
+            .map_err(|err| Error::zk("create lock node in", &self.lock.dir, err))?;
+        let commit = writer.commit();
+        let level_count = levels.len();
+        // The levels start at the top: the first one's parent is the chroot.
+        let chroot_level = level_count == self.lock.dir.matches('/').count();
+        Ok(Box::pin(async move {
+            match commit.await {
+                Ok(mut results) => match results.pop() {
+                    Some(zk::MultiWriteResult::Create { path, stat }) => {
+                        // As for a node found by its GUID: the server names it, so this parses.
+                        let name = path.rsplit('/').next().unwrap_or_default();
+                        let sequence = naming::parse_sequence(name, lock_name).unwrap_or(i64::MAX);
+                        Ok((stat, path, sequence))
+                    },
+                    other => {
+                        Err(CreateError::Node(zk::Error::UnexpectedError(format!("multi create returned {other:?}"))))
+                    },
+                },
+                // The request as a whole: its outcome, like a create's.
+                Err(zk::MultiWriteError::RequestFailed { source }) => Err(CreateError::Node(source)),
+                // The top level's parent — the chroot — is missing.
+                Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) if chroot_level => {
+                    Err(CreateError::ChrootMissing)
+                },
+                Err(zk::MultiWriteError::OperationFailed { index, source }) if index < level_count => {
+                    Err(CreateError::Parents(source))
+                },
+                Err(zk::MultiWriteError::OperationFailed { source, .. }) => Err(CreateError::Node(source)),
+            }
+        }))
     }
 
     /// Lists the lock nodes of the directory in queue order.
@@ -464,6 +676,20 @@ impl OnSession<'_> {
         watch_node(self.context.cleanup.clone(), path.into())
     }
 }
+
+/// How a create of our node (alone, or with missing levels of the lock path) failed.
+enum CreateError {
+    /// The create of our node (or the whole request) failed.
+    Node(zk::Error),
+    /// The create of a missing level failed: nothing was applied.
+    Parents(zk::Error),
+    /// The client's chroot does not exist: nothing was applied.
+    ChrootMissing,
+}
+
+/// A create of our node sent, resolving to its stat, path and sequence number.
+type CreateFuture<'f> =
+    Pin<Box<dyn Future<Output = std::result::Result<(zk::Stat, String, i64), CreateError>> + Send + 'f>>;
 
 /// Whether a create that failed with `err` was certainly not applied: the server refused it.
 fn refused(err: &zk::Error) -> bool {

@@ -60,6 +60,14 @@ pub enum Error {
         state: String,
     },
 
+    /// The [`ManagedClient`](crate::ManagedClient) was closed
+    /// ([`close`](crate::ManagedClient::close)): it acquires nothing any more.
+    #[error("cannot acquire {path:?}: the ManagedClient was closed; connect a new one")]
+    Closed {
+        /// The lock path.
+        path: String,
+    },
+
     /// A re-entrant acquire found the current task's hold of the lock lost. Release (or drop) the
     /// task's guards of the lost hold first; the next acquire then queues afresh.
     #[error("the current task's hold of {path:?} was lost ({reason}); release its guards before acquiring again")]
@@ -84,7 +92,8 @@ pub enum Error {
     TooLarge {
         /// What is too large (`"node data"`, `"lock path"`).
         what: &'static str,
-        /// Its size in bytes.
+        /// Its size in bytes (a lock path's with the client's chroot, which the server receives
+        /// in front of it).
         size: usize,
         /// The request size limit in force.
         limit: usize,
@@ -105,9 +114,18 @@ pub enum Error {
     Connect {
         /// The connect string.
         hosts: String,
-        /// What went wrong (the last attempt's error).
+        /// What went wrong: the last attempt's error and, when no server could be reached, why
+        /// (name resolution failed, connection refused, timed out).
         reason: String,
+        /// The underlying cause, when it is a network error (also in `reason`).
+        #[source]
+        source: Option<std::sync::Arc<std::io::Error>>,
     },
+
+    /// A write fenced by a lock failed ([`FencedWriter::commit`](crate::FencedWriter::commit)), so
+    /// `?` works on it in a function returning [`Result`].
+    #[error(transparent)]
+    FencedWrite(#[from] crate::fenced::FencedWriteError),
 
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]

@@ -116,6 +116,31 @@ impl LockGuard {
         self.hold.feed.lost().await
     }
 
+    /// An owned, cloneable handle on this hold's loss, for a task that does not own the guard: a
+    /// spawned worker, a `select!` loop that must also call [`release`](Self::release), a
+    /// `'static` callback. [`LossSignal::lost`] resolves when the hold is lost — exactly when
+    /// [`lost`](Self::lost) does — and **never on a clean release**: once the guard is released
+    /// it stays pending, and [`LossSignal::is_released`] says so.
+    ///
+    /// ```no_run
+    /// # async fn work() {}
+    /// # async fn demo(guard: zk_recipes::LockGuard) -> zk_recipes::Result<()> {
+    /// let signal = guard.loss_signal();
+    /// let worker = tokio::spawn(async move {
+    ///     tokio::select! {
+    ///         _ = work() => true,
+    ///         reason = signal.lost() => { eprintln!("stopping: {reason}"); false }
+    ///     }
+    /// });
+    /// let finished = worker.await.unwrap_or(false);
+    /// guard.release().await?;      // the guard was never borrowed by the worker
+    /// # let _ = finished; Ok(())
+    /// # }
+    /// ```
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal { hold: self.hold.clone() }
+    }
+
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
     /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
@@ -147,6 +172,58 @@ impl LockGuard {
             Some(task) => async { task.await.unwrap_or(Ok(())) }.instrument(span).await,
             None => Ok(()),
         }
+    }
+}
+
+/// An owned handle on a hold's loss; see [`LockGuard::loss_signal`]. Cheap to clone,
+/// `Send + Sync + 'static`; it keeps no lock held (the hold ends with its guards).
+#[derive(Clone)]
+pub struct LossSignal {
+    hold: Arc<Hold>,
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("lock_node", &&*self.hold.node.path)
+            .field("state", &self.hold.feed.current())
+            .field("released", &self.is_released())
+            .finish()
+    }
+}
+
+impl LossSignal {
+    /// Resolves once the hold is lost, with the reason (at once if it already is); never if the
+    /// hold was released cleanly. Cancel safe; any number of tasks may wait.
+    pub async fn lost(&self) -> LossReason {
+        if !self.is_released() {
+            // Starts the watch on our own node if nobody looked yet, as `LockGuard::lost` does.
+            self.hold.context.session.state(&self.hold.feed);
+        }
+        self.hold.feed.lost().await
+    }
+
+    /// Whether the hold is lost (re-evaluated now, like [`LockGuard::state`]).
+    pub fn is_lost(&self) -> bool {
+        self.reason().is_some()
+    }
+
+    /// Why the hold was lost, if it was.
+    pub fn reason(&self) -> Option<LossReason> {
+        let state = if self.is_released() {
+            self.hold.feed.current()
+        } else {
+            self.hold.context.session.state(&self.hold.feed)
+        };
+        match state {
+            LockState::Lost(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Whether the hold's last guard was released (cleanly: it is then never lost).
+    pub fn is_released(&self) -> bool {
+        self.hold.feed.is_released()
     }
 }
 

@@ -3,8 +3,10 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod acl;
 mod cleanup;
 mod client;
+mod clock;
 mod driver;
 mod engine;
 mod error;
@@ -19,12 +21,13 @@ mod session;
 mod state;
 mod view;
 
+pub use acl::AclList;
 pub use client::{
     ConnectionState, ConnectionStateWatcher, ManagedClient, ManagedClientBuilder, RecipeClient, DEFAULT_CONNECT_TIMEOUT,
 };
 pub use error::{Error, Result};
 pub use fenced::{FencedWriteError, FencedWriter};
-pub use guard::{FencingToken, LockGuard};
+pub use guard::{FencingToken, LockGuard, LossSignal};
 pub use mutex::{InterProcessMutex, MutexBuilder, Participant, DEFAULT_MAX_REQUEST_BYTES};
 pub use path::validate_lock_path;
 pub use state::{LockState, LossPolicy, LossReason};

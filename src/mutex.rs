@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::{field, info_span, Instrument};
 use zookeeper_client as zk;
 
+use crate::acl::AclList;
 use crate::cleanup::retry_unknown;
 use crate::client::{RecipeClient, SessionContext};
 use crate::driver::StandardDriver;
@@ -16,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::metrics::{self, Outcome};
 use crate::naming::MUTEX_LOCK_NAME;
-use crate::path::validate_lock_path;
+use crate::path::{refuse_reserved, validate_syntax};
 use crate::session::HoldFeed;
 use crate::state::{LockState, LossPolicy};
 
@@ -39,9 +40,11 @@ const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME
 /// re-enters at once with another [`LockGuard`] of the same hold, counted like Curator's
 /// re-entrant acquires; the lock node is deleted when the last guard of the hold is released.
 /// Outside a lock scope every acquire queues — also one made by the task that just acquired and
-/// handed its guard to another task, one of several futures a task polls at once, and one in a
-/// task spawned inside a critical section (`tokio::spawn` does not carry the scope): each waits
-/// like another process would. So no usage lets two holders overlap; the price is that an acquire
+/// handed its guard to another task, one of several futures a task polls at once, one in a
+/// task spawned inside a critical section (`tokio::spawn` does not carry the scope), and one in a
+/// task that code inside the critical section drives (a `LocalSet`'s `run_until`: the scope
+/// belongs to the task polling it, not to whatever runs during that poll): each waits like
+/// another process would. So no usage lets two holders overlap; the price is that an acquire
 /// of a lock already held outside a scope by the same task waits for itself (as a
 /// `std::sync::Mutex` would) — use `acquire_timeout` or `with_lock` where that can happen.
 ///
@@ -105,12 +108,68 @@ pub(crate) struct MutexInner {
     /// ones whose guards are still alive (a short list; a map would cost more per held lock).
     holds: Mutex<Vec<HoldEntry>>,
     next_hold: std::sync::atomic::AtomicU64,
-    loss_policy: LossPolicy,
 }
 
 tokio::task_local! {
-    /// The lock scopes the current future runs in (innermost last): which mutex, which hold.
-    static LOCK_SCOPES: Vec<(Weak<MutexInner>, Arc<Hold>)>;
+    /// The lock scopes the current future runs in (innermost last); see [`Scope`] for who may
+    /// re-enter them.
+    static LOCK_SCOPES: Vec<Scope>;
+}
+
+/// One lock scope of [`InterProcessMutex::with_lock`]: which mutex, which hold, and which tokio
+/// task is polling the scope's future.
+///
+/// # Who may re-enter a scope
+/// The rule: an acquire of the scope's mutex re-enters the scope's hold only if it sees the scope
+/// in `LOCK_SCOPES` **and** the current tokio task (`tokio::task::try_id()`) is the one recorded as
+/// polling the scope's future (`owner`). The invariant this keeps:
+///
+/// > Every re-entering acquire is part of the scope's own future — code it runs, awaits, joins or
+/// > selects while it is being polled — and never another task.
+///
+/// 1. `LOCK_SCOPES` is a task-local: tokio sets it (on this thread) only while the scope's future
+///    is polled or dropped, so an acquire that sees the scope runs inside that poll. Besides the
+///    scope's own future, that can be a task some executor polls from inside it: a `LocalSet`
+///    driven by `run_until`, a runtime's `block_on` under `block_in_place` (the review found the
+///    first: a task-local alone let a `LocalSet` task re-enter — two holders). A task spawned onto
+///    a runtime runs in a poll of its own and does not see the scope at all.
+/// 2. Right before each poll of the scope's future, `with_lock` records the id of the task polling
+///    it (`None` when it is polled outside any tokio task, e.g. by `Runtime::block_on`).
+/// 3. Tokio sets the current task id for exactly the span of each task's poll and restores the
+///    previous one when that poll returns, also for tasks polled inside another's poll (`LocalSet`
+///    tasks, tasks of a nested runtime); task ids are unique in the process. So during the poll of
+///    the scope's future by task T, code running with T's id is T's own poll — the scope's future
+///    and the futures it polls in place with the same context (`join!`, `select!`, `timeout`,
+///    a `block_on` it blocks on): they must re-enter, and do. A tokio task driven from inside has
+///    its own id, differs from the owner and queues like any other task. Futures joined in place
+///    keep re-entering, since nothing but a task poll changes the id.
+/// 4. The owner is recorded per poll, not once at entry: a scope future moved to another task
+///    between polls has the new task as owner, and the task that entered the scope cannot come
+///    back through a later poll by someone else.
+///
+/// Limit: executors other than tokio's set no task id. Tasks of such an executor (e.g.
+/// `futures::executor::LocalPool`) driven from inside a critical section carry the id of the task
+/// polling the scope (or none) and cannot be told apart from the scope's own future: do not drive
+/// them from inside `with_lock`.
+#[derive(Clone)]
+struct Scope {
+    mutex: Weak<MutexInner>,
+    hold: Arc<Hold>,
+    owner: Arc<ScopeOwner>,
+}
+
+/// The tokio task polling a scope's future now (`None` outside any tokio task).
+#[derive(Default)]
+struct ScopeOwner(Mutex<Option<tokio::task::Id>>);
+
+impl ScopeOwner {
+    fn set(&self, task: Option<tokio::task::Id>) {
+        *crate::session::lock(&self.0) = task;
+    }
+
+    fn is(&self, task: Option<tokio::task::Id>) -> bool {
+        *crate::session::lock(&self.0) == task
+    }
 }
 
 /// One hold of the lock: our node, shared by all of its guards, and what the session monitor
@@ -158,6 +217,7 @@ pub struct MutexBuilder {
     acls: Option<Vec<zk::Acl>>,
     loss_policy: LossPolicy,
     max_request_bytes: usize,
+    min_session_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for MutexBuilder {
@@ -169,6 +229,7 @@ impl std::fmt::Debug for MutexBuilder {
             .field("acls", &self.acls.as_ref().map(Vec::len))
             .field("loss_policy", &self.loss_policy)
             .field("max_request_bytes", &self.max_request_bytes)
+            .field("min_session_timeout", &self.min_session_timeout)
             .finish()
     }
 }
@@ -180,6 +241,11 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 0xfffff;
 /// (about 60 bytes), with room to spare.
 const CREATE_OVERHEAD: usize = 256;
 
+/// What a missing level of the lock path adds to the `multi` that creates it with the lock node:
+/// the op's header, its path's and data's length prefixes, the mode and the ACL count (about 29
+/// bytes), with room to spare; its path and ACL are counted apart.
+const MULTI_LEVEL_OVERHEAD: usize = 64;
+
 /// The node name the server gives a lock node: `_c_<36-char uuid>-lock-<10 digits>`.
 const LOCK_NODE_NAME_LEN: usize = 3 + 36 + 1 + MUTEX_LOCK_NAME.len() + 10;
 
@@ -190,6 +256,16 @@ impl MutexBuilder {
     /// dropping the connection, which would cost every other hold of the session its lock.
     pub fn max_request_bytes(mut self, limit: usize) -> MutexBuilder {
         self.max_request_bytes = limit;
+        self
+    }
+
+    /// The smallest session timeout any server of the ensemble may negotiate for the client's
+    /// sessions (see [`ManagedClientBuilder::min_session_timeout`](crate::ManagedClientBuilder::min_session_timeout),
+    /// which says how to compute it): for a plain `zookeeper_client::Client`, or to go lower
+    /// than the managed client's. It applies to the whole session monitor of the sessions this
+    /// mutex acquires on (every hold of those sessions counts with the lowest floor stated).
+    pub fn min_session_timeout(mut self, floor: Duration) -> MutexBuilder {
+        self.min_session_timeout = Some(floor);
         self
     }
 
@@ -217,38 +293,64 @@ impl MutexBuilder {
     /// (create and delete rights live on the parent): protect the lock path, e.g. with
     /// `zookeeper_client::Acls::creator_all()` on an authenticated client. See the README's
     /// Security section.
-    pub fn acls(mut self, acls: impl Into<Vec<zk::Acl>>) -> MutexBuilder {
-        self.acls = Some(acls.into());
+    pub fn acls(mut self, acls: impl Into<AclList>) -> MutexBuilder {
+        self.acls = Some(acls.into().into());
         self
     }
 
     /// Validates the path and the sizes and builds the mutex. Nothing is sent to ZooKeeper until
     /// the first acquire.
     ///
+    /// The path is checked as the server will see it, with the client's chroot in front: a path
+    /// in `/zookeeper` (reserved by the server) is refused on a client without a chroot and
+    /// accepted under one (the server sees `<chroot>/zookeeper/...`).
+    ///
     /// # Errors
     /// [`Error::InvalidPath`] for a path ZooKeeper would refuse, [`Error::TooLarge`] when a lock
-    /// node's create request (path + data) would exceed
-    /// [`max_request_bytes`](Self::max_request_bytes).
+    /// node's create request would exceed [`max_request_bytes`](Self::max_request_bytes): the
+    /// path with the client's chroot, the data, and the creates of the lock path's levels, which
+    /// are sent with the lock node's when they are missing (so the longer the path, the less
+    /// node data fits).
     pub fn build(self) -> Result<InterProcessMutex> {
-        validate_lock_path(&self.path)?;
+        validate_syntax(&self.path)?;
+        // The client prepends its chroot to every path it sends (`path()` is "/" without one).
+        let chroot = match self.client.context().client().path() {
+            "/" => String::new(),
+            chroot => chroot.to_owned(),
+        };
+        refuse_reserved(&self.path, &format!("{chroot}{}", self.path))?;
         let limit = self.max_request_bytes;
         let acls = self.acls.unwrap_or_else(|| self.client.default_acls());
         // Each ACL: its permissions, and the scheme and id with their lengths.
         let acl_size: usize = acls.iter().map(|acl| 12 + acl.scheme().len() + acl.id().len()).sum();
-        let path_size = self.path.len() + 1 + LOCK_NODE_NAME_LEN + CREATE_OVERHEAD + acl_size;
+        // The path the server receives: chroot, lock path, '/', node name.
+        let server_path_len = chroot.len() + self.path.len();
+        // Missing levels of the lock path are created in the same request (a `multi`, see
+        // `engine.rs`): count every level, each with the chroot in front, as if all were missing.
+        let levels_size: usize = (self.path.match_indices('/').skip(1).map(|(at, _)| at))
+            .chain(std::iter::once(self.path.len()))
+            .map(|level_len| chroot.len() + level_len + MULTI_LEVEL_OVERHEAD + acl_size)
+            .sum();
+        let path_size = server_path_len + 1 + LOCK_NODE_NAME_LEN + CREATE_OVERHEAD + acl_size + levels_size;
         if path_size > limit {
-            return Err(Error::TooLarge { what: "lock path", size: self.path.len(), limit });
+            return Err(Error::TooLarge { what: "lock path", size: server_path_len, limit });
         }
         if path_size + self.node_data.len() > limit {
             return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
         }
-        let internals = LockInternals::new(self.client, self.path, self.node_data, acls);
+        let internals = LockInternals::new(
+            self.client,
+            self.path,
+            self.node_data,
+            acls,
+            self.loss_policy,
+            self.min_session_timeout,
+        );
         Ok(InterProcessMutex {
             inner: Arc::new(MutexInner {
                 internals,
                 holds: Mutex::new(Vec::new()),
                 next_hold: std::sync::atomic::AtomicU64::new(0),
-                loss_policy: self.loss_policy,
             }),
         })
     }
@@ -257,7 +359,8 @@ impl MutexBuilder {
 impl InterProcessMutex {
     /// A mutex on the lock path `path` (absolute, relative to the client's chroot if any).
     ///
-    /// Missing parents are created as container nodes on the first acquire.
+    /// Missing parents are created as container nodes on the first acquire, in one `multi` with
+    /// its lock node (so the server removes them once empty, also after a cancelled acquire).
     ///
     /// # Errors
     /// [`Error::InvalidPath`] if `path` is not a valid ZooKeeper path, [`Error::TooLarge`] if it
@@ -284,6 +387,7 @@ impl InterProcessMutex {
             acls: None,
             loss_policy: LossPolicy::default(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            min_session_timeout: None,
         }
     }
 
@@ -313,9 +417,14 @@ impl InterProcessMutex {
     }
 
     /// Takes the lock if it is free right now; `Ok(None)` if another holder or an earlier waiter
-    /// is ahead of us. On a [`ManagedClient`](crate::ManagedClient) between an expiry and the new
-    /// session, fails with [`Error::SessionLost`] instead of waiting for the session. Never waits for a holder (it does talk to ZooKeeper: a create, a listing
-    /// and, when the lock is taken, a delete). Re-enters inside a lock scope, like `acquire`.
+    /// is ahead of us — and also, at once, while the connection is down (a
+    /// [`ManagedClient`](crate::ManagedClient)'s [`Suspended`](crate::ConnectionState::Suspended))
+    /// or when it goes down during the call: the session may still be alive, but the lock cannot
+    /// be taken now (a node the call may have created is deleted in the background). On a
+    /// `ManagedClient` between an expiry and the new session, fails with [`Error::SessionLost`]
+    /// instead of waiting for the session. Never waits for a holder nor for a connection (it
+    /// does talk to ZooKeeper: a create, a listing and, when the lock is taken, a delete).
+    /// Re-enters inside a lock scope, like `acquire`.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
     ///
@@ -342,7 +451,10 @@ impl InterProcessMutex {
     /// it completes (or is cancelled). `critical_section` gets a guard of the hold (for its
     /// fencing token, `lost()`, `fenced_writer()`); any acquire of this mutex made while it runs —
     /// in it or in anything it awaits — re-enters the same hold at once (re-entry counts, as in
-    /// Curator). Tasks it spawns are outside the scope and queue like anyone else.
+    /// Curator). Tasks it spawns, and tasks of an executor it drives (a `LocalSet`), are outside
+    /// the scope and queue like anyone else: re-entry is for the tokio task polling the scope's
+    /// future (tasks of executors other than tokio's, driven from inside, cannot be told apart
+    /// from it: do not drive them in a critical section).
     ///
     /// The lock node is deleted once the last guard of the hold is gone: guards moved out of the
     /// scope keep the lock held. The release is sent before this returns (and completes in the
@@ -361,8 +473,15 @@ impl InterProcessMutex {
         let guard = self.acquire().await?;
         let for_section = self.reenter_hold(&guard.hold)?.ok_or_else(|| self.released_meanwhile())?;
         let mut scopes = LOCK_SCOPES.try_with(Clone::clone).unwrap_or_default();
-        scopes.push((Arc::downgrade(&self.inner), guard.hold.clone()));
-        let output = LOCK_SCOPES.scope(scopes, critical_section(for_section)).await;
+        let owner = Arc::new(ScopeOwner::default());
+        scopes.push(Scope { mutex: Arc::downgrade(&self.inner), hold: guard.hold.clone(), owner: owner.clone() });
+        let mut scoped = std::pin::pin!(LOCK_SCOPES.scope(scopes, critical_section(for_section)));
+        // Who may re-enter: the task polling the scope's future, recorded at every poll (`Scope`).
+        let output = std::future::poll_fn(|cx| {
+            owner.set(tokio::task::try_id());
+            scoped.as_mut().poll(cx)
+        })
+        .await;
         drop(guard);
         Ok(output)
     }
@@ -407,12 +526,18 @@ impl InterProcessMutex {
         self.inner.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The hold of the innermost lock scope of this mutex the current future runs in.
+    /// The hold of the innermost lock scope of this mutex the current future runs in, if the
+    /// current task is the one polling that scope's future (see [`Scope`] for why).
     fn scope_hold(&self) -> Option<Arc<Hold>> {
         let me = Arc::as_ptr(&self.inner);
+        let task = tokio::task::try_id();
         LOCK_SCOPES
             .try_with(|scopes| {
-                scopes.iter().rev().find(|(mutex, _)| mutex.as_ptr() == me).map(|(_, hold)| hold.clone())
+                scopes
+                    .iter()
+                    .rev()
+                    .find(|scope| scope.mutex.as_ptr() == me && scope.owner.is(task))
+                    .map(|scope| scope.hold.clone())
             })
             .ok()
             .flatten()
@@ -436,12 +561,10 @@ impl InterProcessMutex {
         Error::LockLost { path: self.path().to_owned(), reason: crate::state::LossReason::NodeDeleted }
     }
 
-    fn register(&self, Grant { node, own_watch, context }: Grant) -> LockGuard {
-        if own_watch.is_some() {
-            // Granted after waiting for a predecessor.
+    fn register(&self, Grant { node, feed, context, handoff }: Grant) -> LockGuard {
+        if handoff {
             metrics::handoff(RECIPE);
         }
-        let feed = context.session.track(&context.cleanup, &node.path, self.inner.loss_policy, own_watch);
         let id = self.inner.next_hold.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hold = Arc::new(Hold {
             id,
@@ -498,7 +621,7 @@ impl InterProcessMutex {
     }
 
     /// Whether the current future runs inside a [`with_lock`](Self::with_lock) scope of this
-    /// mutex (where acquires re-enter).
+    /// mutex, in the task polling that scope (where acquires re-enter).
     pub fn is_held_in_current_scope(&self) -> bool {
         self.scope_hold().is_some()
     }

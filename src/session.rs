@@ -21,25 +21,36 @@
 //!    with nobody watching.
 //!
 //! # The loss deadline
-//! T is the negotiated session timeout. Only the leader expires sessions, at the earliest T
-//! after the last *touch* of the session it knows of (rounded up to its next tick). A client
-//! talks to one server; a follower touches our session on each request it receives from us and
-//! passes its touches to the leader in its reply to the leader's `PING`, which the leader sends
-//! every `tickTime/2`. A follower cut off from the leader goes on answering our pings and reads
-//! for up to `syncLimit × tickTime` — so an answer from our server proves nothing about the
-//! leader. A `sync` (or a write) is different: the follower forwards it to the leader and answers
-//! only once the leader did. We call such a request, sent at local time `s` and answered at `r`,
-//! a *leader round*; any other answered request of ours (a read) is just an *answer*.
+//! T is the session timeout the **leader** uses for our session (see *Which T* below). Only the
+//! leader expires sessions, at the earliest T after the last *touch* of the session it knows of
+//! (rounded up to its next tick). A client talks to one server; a follower touches our session on
+//! each request it receives from us and passes its touches to the leader in its reply to the
+//! leader's `PING`, which the leader sends every `tickTime/2`. A follower cut off from the leader
+//! goes on answering our pings and reads for up to `syncLimit × tickTime` — so an answer from our
+//! server proves nothing about the leader. A `sync` (or a write) is different: the follower
+//! forwards it to the leader and answers only once the leader did. We call such a request, sent at
+//! local time `s` and answered at `r`, a *leader round*; any other answered request of ours (a
+//! read) is just an *answer*.
 //!
-//! **Assumptions.** (A1) While a follower's forwarded requests are answered by the leader, the
-//! leader's pings reach it at most `G = 0.22 T` (on our clock) apart: `tickTime/2` plus delivery
-//! jitter, which holds when `tickTime ≤ T/3` (ZooKeeper's default `minSessionTimeout` is
-//! `2 × tickTime`; the sample config's 2 s tick with a 6 s session is exactly `T/3`, leaving
-//! 0.03 T for jitter and clock rate). (A3) The local monotonic clock and the leader's run at rates
-//! within 10 % of each other over an interval of T. (A4) A leader that lost its quorum stops
-//! answering no later than its successor takes over, give or take 0.1 T (a deposed leader
-//! answers syncs until it notices, about `syncLimit` ticks after losing its followers; they elect
-//! a successor after the same `syncLimit` ticks). Messages cannot arrive before they are sent.
+//! **Assumptions**, each with what breaks without it:
+//! - (A1) While a follower's forwarded requests are answered by the leader, the leader's pings
+//!   reach it at most `G = 0.22 T` (on our clock) apart: `tickTime/2` plus delivery jitter, which
+//!   holds when `tickTime ≤ T/3` (ZooKeeper's default `minSessionTimeout` is `2 × tickTime`; the
+//!   sample config's 2 s tick with a 6 s session is exactly `T/3`, leaving `0.053 T` for jitter).
+//!   *Without it* a touch we pair with may not have reached the leader yet: the evidence below is
+//!   too new, by the excess.
+//! - (A3) The local clock — monotonic time plus time spent suspended ([`crate::clock`]) — and the
+//!   leader's run at rates within 3 % of each other over an interval of T. *Without it* our
+//!   `0.8 T` may be longer than the leader's T.
+//! - (A4) A leader that lost its quorum stops answering syncs no later than one `tickTime`
+//!   (`≤ T/3`) after its successor takes over. (The deposed leader checks its quorum once a tick
+//!   and steps down at the first check more than `syncLimit` ticks after its followers' last
+//!   acknowledgement; they give up on it `syncLimit` ticks after its last packet, and a successor
+//!   exists only after an election. The successor tracks every session afresh from its takeover,
+//!   so it cannot expire ours before takeover + T.) *Without it* a round answered by the deposed
+//!   leader can vouch for more than the successor knows, by the excess.
+//!
+//! Messages cannot arrive before they are sent.
 //!
 //! **Claim.** If leader round `k` is answered, the leader has a touch of our session made no
 //! earlier than `s_j`, where `j` is any answered request of ours with `r_j ≤ s_k − G`.
@@ -51,29 +62,60 @@
 //! reply or an earlier one. If the client switched servers between `j` and `k`, the new server
 //! revalidated the session with the leader, which touches it at the leader after `r_j`. ∎
 //!
-//! So the leader cannot expire us before `E + T` (its clock), `E` the latest such `s_j`. We
-//! declare the deadline passed at `E + 0.9 T` on our clock, which by (A3) is earlier; the next
-//! holder is granted only after the expiry has been committed and its watch fired, later still.
-//! **The holder is told before the leader can expire the session, so before anyone else can be
-//! granted the lock** — also when its server is a follower cut off from the leader that keeps
-//! answering it (the zone partition of `tests/ensemble.rs`), where the connection looks healthy
-//! throughout. Heartbeat rounds are sent `G` after the previous answer, so `r_{k−1} ≤ s_k − G`
-//! and in steady state `E = s_{k−1}`: the deadline sits about `0.68 T` after the latest send, and a
-//! heartbeat must be late by almost half of T before a healthy session is declared lost. The
-//! monitor keeps heartbeating for T after the session's last acquire or hold, so a session in use
-//! always has evidence.
+//! So the leader cannot expire us before `E + T` (its clock), `E` the latest such `s_j`. A leader
+//! that took over since cannot before its takeover + T; a round answered by its deposed
+//! predecessor at `a` gives `E ≤ a − G` (the pairing rule), and by (A4) the takeover was no
+//! earlier than `a − tickTime`, so that expiry is no earlier than `E + T − (tickTime − G)`, and
+//! `tickTime − G ≤ T/3 − 0.22 T < 0.12 T`. We declare the deadline passed at **`E + 0.8 T`** on our
+//! clock: the `0.2 T` margin covers those `0.12 T` for (A4) and `0.03 T` for (A3), with `0.05 T`
+//! to spare. The next holder is granted only after the expiry has been committed and its watch
+//! fired, later still. **The holder is told before the
+//! leader can expire the session, so before anyone else can be granted the lock** — also when its
+//! server is a follower cut off from the leader that keeps answering it (the zone partition of
+//! `tests/ensemble.rs`), where the connection looks healthy throughout. Heartbeat rounds are sent
+//! `G` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
+//! deadline sits about `0.58 T` after the latest send, and a heartbeat must be late by about
+//! `0.36 T` before a healthy session is declared lost. The monitor keeps heartbeating for T after
+//! the session's last acquire or hold, so a session in use always has evidence. A round that is
+//! slow (answered more than `G` after it was sent) is paired like any other: the deadline it gives
+//! is older, never borrowed from (A2).
 //!
-//! **Cold start.** The first leader round of an idle session has no earlier answer to pair with.
-//! Until a second one is answered (`G` later), the deadline counts from `s_k − 2G` instead,
-//! which additionally assumes (A2) that the session's requests reached its server in the `2G`
-//! before `s_k` — true unless the client→server direction stalled while the server kept sending
-//! (the client library pings after `0.15 T` of silence, and gives up on a connection that
-//! delivers nothing for `0.4 T`). This window lasts about `G` once per idle period.
+//! **Cold start.** The first leader round after the monitor (re)starts — a session's first
+//! acquire, or the first one after an idle period of more than T, when the monitor had stopped
+//! and forgot its answers — has no earlier answer to pair with. Only then, while no answered
+//! request can be paired (for about `G`), the deadline counts from `s_k − 2G` instead, which
+//! additionally assumes (A2) that the session's requests reached its server in the `2G` before
+//! `s_k` — true unless the client→server direction stalled while the server kept sending (the
+//! client library pings after `0.15 T` of silence, and gives up on a connection that delivers
+//! nothing for `0.4 T`). *Without it* a hold granted in that window may have a deadline up to `2G`
+//! too late. Once any answer can be paired, pairing alone decides.
+//!
+//! **Which T.** `zookeeper_client::Client::session_timeout()` is the timeout negotiated at the
+//! first connect. Every server clamps the requested timeout into its own
+//! `[minSessionTimeout, maxSessionTimeout]` again when the client reconnects to it, and the leader
+//! expires the session by that renegotiated value; the client library does not expose it. So the
+//! monitor counts with `min(first negotiated, floor)`, where the floor is what the application
+//! states as the smallest timeout any server may negotiate
+//! ([`ManagedClientBuilder::min_session_timeout`](crate::ManagedClientBuilder::min_session_timeout),
+//! [`MutexBuilder::min_session_timeout`](crate::MutexBuilder::min_session_timeout); the smallest
+//! stated for a session wins). Without a floor the bound holds only when every server would
+//! negotiate the same timeout (same `tickTime`, `minSessionTimeout` and `maxSessionTimeout`, or
+//! the requested T inside every server's range) — the README's Guarantees say what to configure.
+//! The floor is sound for any sequence of reconnections: the client asks each server for the
+//! previously negotiated value, clamping is monotone, and `clamp_s(m) ≥ m` for
+//! `m = min_s clamp_s(T_requested)` (as `m ≤ maxSessionTimeout_s`), so no negotiated value ever
+//! falls below `m`.
 //!
 //! The deadline is per session, not per hold: a hold granted on a watch event (which sent no
 //! request) inherits the session's evidence, which is no fresher than the last round actually
 //! answered — never the grant instant. A hold's state is also re-evaluated whenever it is read,
 //! so a busy runtime that starves the monitor cannot make it say `Held` past the deadline.
+//!
+//! **Identity.** A monitor belongs to one connection: a [`ManagedClient`](crate::ManagedClient)'s
+//! sessions each get a monitor keyed by that managed client, so evidence from one ensemble can
+//! never feed the holds of another even if the two hand out the same session id. Plain
+//! `zookeeper_client::Client`s (which expose no identity of their connection) share a monitor per
+//! session id.
 //!
 //! **Stalls and blips.** Under [`LossPolicy::Suspended`] a connection on which no round has been
 //! answered for `0.4 T`, or a round has been outstanding for `0.25 T`, counts as lost, like one
@@ -85,7 +127,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -95,6 +137,7 @@ use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
 use crate::cleanup::{Cleanup, Target};
+use crate::clock::Clock;
 use crate::engine::{watch_once, NodeWatch, WatchFuture, Watched};
 use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::state::{LockState, LossPolicy, LossReason};
@@ -107,9 +150,9 @@ fn report_lag(t: Duration) -> Duration {
     t * 11 / 50
 }
 
-/// The deadline: `E + 0.9 T`.
+/// The deadline: `E + 0.8 T` (the margin: `0.12 T` for (A4), `0.03 T` for (A3), `0.05 T` spare).
 fn deadline_after(evidence: Instant, t: Duration) -> Instant {
-    evidence + t * 9 / 10
+    evidence + t * 4 / 5
 }
 
 /// Without an answer for this long, a connection counts as stalled (the client library gives up
@@ -131,21 +174,33 @@ pub(crate) struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("id", &format_args!("{:#x}", self.shared.id)).finish_non_exhaustive()
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:#x}", self.shared.id))
+            .field("owner", &self.shared.owner)
+            .finish_non_exhaustive()
     }
 }
 
 struct Shared {
     id: i64,
+    /// The connection's owner: a managed client's id, `0` for a plain client.
+    owner: u64,
     /// The runtime the monitor, the own-node watches and cleanup run on (the first acquire's).
     runtime: Arc<OnceLock<tokio::runtime::Handle>>,
     /// A client of the session, for heartbeats and its state only: paths are always sent
     /// through the recipe's own client, whose chroot may differ.
     client: zk::Client,
-    timeout: Duration,
+    /// The timeout negotiated at the first connect.
+    negotiated: Duration,
+    /// The smallest timeout any server may negotiate, as stated by the application (nanoseconds;
+    /// `u64::MAX`: none stated). Only ever lowered.
+    floor_nanos: AtomicU64,
+    clock: Clock,
     inner: Mutex<Inner>,
     /// Wakes the monitor task: users, holds or evidence changed.
     wake: Notify,
+    /// Notified whenever the monitor finds the session's condition changed.
+    health: Notify,
 }
 
 #[derive(Default)]
@@ -165,6 +220,8 @@ struct Inner {
     told: Option<Class>,
     /// Holds waiting for their own-node watch, in the order their delay ends.
     watch_queue: VecDeque<(Instant, Weak<HoldFeed>)>,
+    /// The managed client was closed: no lingering once idle.
+    closed: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -282,7 +339,8 @@ impl HoldFeed {
         *lock(&self.state)
     }
 
-    fn is_released(&self) -> bool {
+    /// Whether the owner released the hold.
+    pub(crate) fn is_released(&self) -> bool {
         self.released.load(Ordering::SeqCst)
     }
 
@@ -334,7 +392,8 @@ fn refines(from: LossReason, to: LossReason) -> bool {
         && to == LossReason::SessionExpired
 }
 
-type Registry = Mutex<HashMap<i64, Weak<Shared>>>;
+/// Monitors by (session id, owner): see *Identity* in the module docs.
+type Registry = Mutex<HashMap<(i64, u64), Weak<Shared>>>;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -349,24 +408,47 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Session {
-    /// The monitor of `client`'s session (created on first use; nothing runs until an acquire).
-    pub(crate) fn of(client: &zk::Client) -> Session {
-        let id = client.session_id().0;
+    /// The monitor of `client`'s session for `owner` (a managed client's id, `0` for a plain
+    /// client), created on first use; nothing runs until an acquire.
+    pub(crate) fn of(client: &zk::Client, owner: u64) -> Session {
+        let key = (client.session_id().0, owner);
         let mut sessions = lock(registry());
-        if let Some(shared) = sessions.get(&id).and_then(Weak::upgrade) {
+        if let Some(shared) = sessions.get(&key).and_then(Weak::upgrade) {
             return Session { shared };
         }
         sessions.retain(|_, shared| shared.strong_count() > 0);
         let shared = Arc::new(Shared {
-            id,
+            id: key.0,
+            owner,
             runtime: Arc::new(OnceLock::new()),
             client: client.clone(),
-            timeout: client.session_timeout(),
+            negotiated: client.session_timeout(),
+            floor_nanos: AtomicU64::new(u64::MAX),
+            clock: Clock::default(),
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
+            health: Notify::new(),
         });
-        sessions.insert(id, Arc::downgrade(&shared));
+        sessions.insert(key, Arc::downgrade(&shared));
         Session { shared }
+    }
+
+    /// States that no server may negotiate a session timeout below `floor` for this session (see
+    /// *Which T* in the module docs); the smallest floor stated wins.
+    pub(crate) fn min_session_timeout(&self, floor: Option<Duration>) {
+        if let Some(floor) = floor {
+            let nanos = u64::try_from(floor.as_nanos()).unwrap_or(u64::MAX - 1);
+            if self.shared.floor_nanos.fetch_min(nanos, Ordering::SeqCst) > nanos {
+                // Counted with from now on; the monitor re-reads T when it wakes.
+                self.shared.wake.notify_one();
+            }
+        }
+    }
+
+    /// Now, on the monitor's clock (which counts time spent suspended): for the send time of a
+    /// request whose answer is passed to [`answered`](Self::answered).
+    pub(crate) fn now(&self) -> Instant {
+        self.shared.clock.now()
     }
 
     /// Where the session remembers its runtime (shared with the cleanup of its recipes).
@@ -389,26 +471,37 @@ impl Session {
         Ok(AcquireTicket { shared: self.shared.clone() })
     }
 
-    /// Records an answered request of ours: sent at `sent`, answered now. `leader` if the leader
-    /// answered it (a write or a `sync`), not only our server (a read).
+    /// Records an answered request of ours: sent at `sent` (read with [`now`](Self::now)),
+    /// answered now. `leader` if the leader answered it (a write or a `sync`), not only our server
+    /// (a read).
     pub(crate) fn answered(&self, sent: Instant, leader: bool) {
+        let answered = self.now();
         let mut inner = lock(&self.shared.inner);
         // No wake-up: a later deadline needs no action (the monitor recomputes when its timer
         // for the earlier one fires).
-        inner.answered(Answer { sent, answered: Instant::now() }, leader, self.shared.timeout);
+        inner.answered(Answer { sent, answered }, leader, self.shared.timeout());
     }
 
     /// Starts tracking a granted hold of the node `path` (deleted through `cleanup` if the hold
     /// is lost). `own_watch` is the watch on it set while waiting, if any.
+    ///
+    /// Refused — nothing tracked, the watch handed back — when the monitor cannot vouch for the
+    /// session right now (dead, deadline passed, or under [`LossPolicy::Suspended`] a lost or
+    /// stalled connection): a hold is never born lost. The decision and the tracking are one step
+    /// under the session's lock, so no deadline can pass in between.
     pub(crate) fn track(
         &self,
         cleanup: &Arc<Cleanup>,
         path: &Arc<str>,
         policy: LossPolicy,
         own_watch: Option<NodeWatch>,
-    ) -> Arc<HoldFeed> {
-        let now = Instant::now();
+    ) -> std::result::Result<Arc<HoldFeed>, Unvouched> {
+        let now = self.now();
         let mut inner = lock(&self.shared.inner);
+        let state = verdict(self.shared.class_now(&inner, now), policy);
+        if let LockState::Lost(reason) = state {
+            return Err(Unvouched { reason, own_watch });
+        }
         let id = inner.next_hold;
         inner.next_hold += 1;
         let feed = Arc::new(HoldFeed {
@@ -430,19 +523,57 @@ impl Session {
             inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
         }
         let start = self.ensure_running(&mut inner);
-        let class = self.shared.class_now(&inner, now);
         drop(inner);
         self.start(start);
-        // Granted on a session we cannot vouch for (dead, deadline passed, or connection lost
-        // under `Suspended`): lost at once, and the node given up.
-        feed.apply(verdict(class, policy));
+        // `Held`, or `Suspended` (a lost connection under `SessionDeadline`).
+        feed.apply(state);
         if let Some(watch) = own_watch {
             self.spawn_own_watch(&feed, Some(watch));
         }
         if wake {
             self.shared.wake.notify_one();
         }
-        feed
+        Ok(feed)
+    }
+
+    /// The managed client was closed: every hold is told `Lost(SessionClosed)` (its node is
+    /// deleted by the close), and the monitor stops as soon as nothing uses the session.
+    pub(crate) fn close_holds(&self) {
+        let holds: Vec<Arc<HoldFeed>> = {
+            let mut inner = lock(&self.shared.inner);
+            inner.closed = true;
+            inner.holds.drain().map(|(_, feed)| feed).collect()
+        };
+        for feed in holds {
+            feed.tell(LockState::Lost(LossReason::SessionClosed));
+        }
+        self.shared.wake.notify_one();
+    }
+
+    /// Why the session ended, if it has (expired, closed, authentication refused).
+    pub(crate) fn ended(&self) -> Option<LossReason> {
+        match self.shared.class_now(&lock(&self.shared.inner), self.now()) {
+            Class::Dead(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Waits until the monitor vouches for the session again under `policy` (a new leader round
+    /// answered, the connection back); `Err` with the reason once the session is dead. Cancel
+    /// safe.
+    pub(crate) async fn until_vouched(&self, policy: LossPolicy) -> std::result::Result<(), LossReason> {
+        loop {
+            let changed = self.shared.health.notified();
+            tokio::pin!(changed);
+            // Registered before the condition is read: a change in between is not missed.
+            changed.as_mut().enable();
+            let class = self.shared.class_now(&lock(&self.shared.inner), self.now());
+            match (class, verdict(class, policy)) {
+                (Class::Dead(reason), _) => return Err(reason),
+                (_, LockState::Lost(_)) => changed.await,
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// The hold's state now: re-evaluated against the clock (the monitor may not have run yet),
@@ -453,7 +584,8 @@ impl Session {
         }
         // Also for a lost hold: its reason becomes `SessionExpired` once the client knows (see
         // `refines`; the monitor may have stopped since the loss).
-        let class = self.shared.class_now(&lock(&self.shared.inner), Instant::now());
+        let now = self.now();
+        let class = self.shared.class_now(&lock(&self.shared.inner), now);
         feed.apply(verdict(class, feed.policy));
         feed.current()
     }
@@ -462,11 +594,12 @@ impl Session {
     /// before sending the node's delete.
     pub(crate) fn release(&self, feed: &HoldFeed) {
         feed.released.store(true, Ordering::SeqCst);
+        let now = self.now();
         let mut inner = lock(&self.shared.inner);
         inner.holds.remove(&feed.id);
         if inner.acquires == 0 && inner.holds.is_empty() {
             // The monitor notices at its next timer (a heartbeat at the latest) and lingers.
-            inner.idle_since = Some(Instant::now());
+            inner.idle_since = Some(now);
         }
     }
 
@@ -480,11 +613,13 @@ impl Session {
         }
         inner.running = true;
         inner.told = None;
-        // What the stopped monitor knew of the connection is stale; its evidence is not (a past
-        // deadline stays past).
+        // What the stopped monitor knew of the connection is stale, and so are its answers: the
+        // first leader round from now on is a cold start (the only one until an answer can be
+        // paired). Its deadline is kept: a past deadline stays past.
+        inner.answers.clear();
         let connected = self.shared.client.state() == zk::SessionState::SyncConnected;
         inner.health.connected = connected;
-        inner.health.last_answer = connected.then(Instant::now);
+        inner.health.last_answer = connected.then(|| self.now());
         inner.health.in_flight_since = None;
         // Made before the task is spawned: should the task never run (a runtime shutting down),
         // dropping it still tells the holds.
@@ -530,6 +665,12 @@ impl Session {
     }
 }
 
+/// Why [`Session::track`] refused a grant: the session's verdict, and the watch handed back.
+pub(crate) struct Unvouched {
+    pub(crate) reason: LossReason,
+    pub(crate) own_watch: Option<NodeWatch>,
+}
+
 /// An acquire in flight; keeps the monitor heartbeating until dropped.
 pub(crate) struct AcquireTicket {
     shared: Arc<Shared>,
@@ -537,10 +678,11 @@ pub(crate) struct AcquireTicket {
 
 impl Drop for AcquireTicket {
     fn drop(&mut self) {
+        let now = self.shared.clock.now();
         let mut inner = lock(&self.shared.inner);
         inner.acquires -= 1;
         if inner.acquires == 0 && inner.holds.is_empty() {
-            inner.idle_since = Some(Instant::now());
+            inner.idle_since = Some(now);
         }
     }
 }
@@ -551,10 +693,13 @@ impl Inner {
         if leader {
             let g = report_lag(t);
             let paired = self.answers.iter().filter(|j| j.answered + g <= answer.sent).map(|j| j.sent).max();
-            // Nothing of ours answered in the 2G before (the very first round, or one after an
-            // idle period): a cold start, (A2).
-            let cold = answer.sent.checked_sub(g * 2);
-            if let Some(evidence) = paired.max(cold) {
+            // No answer to pair with (the first rounds since the monitor started): a cold start,
+            // relying on (A2). Otherwise pairing alone decides, however old its evidence.
+            let evidence = match paired {
+                Some(paired) => Some(paired),
+                None => answer.sent.checked_sub(g * 2),
+            };
+            if let Some(evidence) = evidence {
                 let deadline = deadline_after(evidence, t);
                 self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
             }
@@ -582,6 +727,15 @@ impl Inner {
 }
 
 impl Shared {
+    /// The session timeout the deadline counts with: the first negotiated one, or the stated
+    /// floor if lower (see *Which T* in the module docs).
+    fn timeout(&self) -> Duration {
+        match self.floor_nanos.load(Ordering::SeqCst) {
+            u64::MAX => self.negotiated,
+            floor => self.negotiated.min(Duration::from_nanos(floor)),
+        }
+    }
+
     /// The session's condition now: the monitor's view, unless the client already knows the
     /// session is dead (the monitor may not have run since).
     fn class_now(&self, inner: &Inner, now: Instant) -> Class {
@@ -589,7 +743,7 @@ impl Shared {
         if state.is_terminated() {
             return Class::Dead(terminal_reason(state));
         }
-        inner.health.class(self.timeout, now)
+        inner.health.class(self.timeout(), now)
     }
 
     /// Spawns on the current runtime, or the one the session's first acquire ran on. A runtime
@@ -613,6 +767,7 @@ impl Shared {
             inner.holds.values().cloned().collect()
         };
         debug!(session = format_args!("{:#x}", self.id), ?class, holds = holds.len(), "session condition");
+        self.health.notify_waiters();
         // Told outside the lock: readers of `state()` and acquires need not wait for 10,000 holds.
         for feed in &holds {
             feed.apply(verdict(class, feed.policy));
@@ -688,16 +843,17 @@ impl Drop for StopGuard {
 
 /// The monitor task of one session: runs while acquires or holds exist, and T after.
 async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
-    let t = shared.timeout;
     let client = shared.client.clone();
     let mut states = client.state_watcher();
     let mut seen = states.state();
     let mut heartbeat: Option<Heartbeat> = None;
-    let mut next_heartbeat = Instant::now();
+    let mut next_heartbeat = shared.clock.now();
     // A disconnection too short for the state to show it when we look.
     let mut blip = false;
     loop {
-        let now = Instant::now();
+        // Re-read at every wake-up: a recipe may have stated a lower floor meanwhile.
+        let t = shared.timeout();
+        let now = shared.clock.now();
         let (wake_at, send, class) = {
             let mut inner = lock(&shared.inner);
             let connected = seen == zk::SessionState::SyncConnected;
@@ -711,7 +867,8 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
                 inner.health.terminal = Some(terminal_reason(seen));
             }
             let idle_for_long = inner.idle_since.is_some_and(|since| now >= since + t);
-            if inner.acquires == 0 && inner.holds.is_empty() && (idle_for_long || inner.health.terminal.is_some()) {
+            let done = idle_for_long || inner.health.terminal.is_some() || inner.closed;
+            if inner.acquires == 0 && inner.holds.is_empty() && done {
                 // Done; the next acquire starts a new task (the evidence stays with the session).
                 inner.running = false;
                 stop.finished = true;
@@ -761,7 +918,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
         }
         if send {
             // Recorded before the request leaves: the evidence can only be older than the truth.
-            let sent = Instant::now();
+            let sent = shared.clock.now();
             let client = client.clone();
             heartbeat = Some(Box::pin(async move { (sent, client.sync("/").await) }));
         }
@@ -775,7 +932,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
             (sent, result) = poll_heartbeat(&mut heartbeat) => {
                 heartbeat = None;
                 lock(&shared.inner).health.in_flight_since = None;
-                let answered = Instant::now();
+                let answered = shared.clock.now();
                 match result {
                     Ok(()) => {
                         lock(&shared.inner).answered(Answer { sent, answered }, true, t);
@@ -788,7 +945,106 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
                     },
                 }
             },
-            _ = tokio::time::sleep_until(wake_at) => {},
+            // The timer runs on the monotonic clock; a suspension only makes it fire late, and the
+            // next pass reads the suspend-counting clock again.
+            _ = tokio::time::sleep_until(shared.clock.monotonic(wake_at)) => {},
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> Duration {
+        Duration::from_secs(10)
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Steady state: each round pairs with the previous one; the deadline is `E + 0.8 T`.
+    #[test]
+    fn rounds_pair_with_the_previous_answer() {
+        let base = Instant::now();
+        let mut inner = Inner::default();
+        // A cold start: nothing to pair with, evidence from `s − 2G`.
+        inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
+        assert_eq!(inner.health.deadline, Some(base - report_lag(t()) * 2 + t() * 4 / 5));
+        // G after the answer: paired with the first round.
+        let s2 = base + ms(5) + report_lag(t());
+        inner.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
+        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+    }
+
+    /// A slow round (answered more than G after it was sent) is paired with the last answer before
+    /// it, however old: (A2) is not relied on again once the session has answers (the module
+    /// docs' *Cold start*). Before this rule, a slow round counted from `s − 2G`.
+    #[test]
+    fn a_slow_round_is_paired_not_a_cold_start() {
+        let base = Instant::now();
+        let mut inner = Inner::default();
+        inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
+        let cold_deadline = inner.health.deadline;
+        // The next round is sent G later but answered only 0.3 T after it was sent; then a round
+        // sent G after that answer.
+        let s2 = base + ms(5) + report_lag(t());
+        inner.answered(Answer { sent: s2, answered: s2 + t() * 3 / 10 }, true, t());
+        let s3 = s2 + t() * 3 / 10 + report_lag(t());
+        inner.answered(Answer { sent: s3, answered: s3 + ms(5) }, true, t());
+        // Round 3 pairs with round 2 (answered G before it was sent): E = s2. The old rule took
+        // the later of that and `s3 − 2G`, which is later here (round 2 was slow).
+        assert!(s3 - report_lag(t()) * 2 > s2, "the test must tell the two rules apart");
+        assert_eq!(inner.health.deadline, Some(s2 + t() * 4 / 5));
+        assert!(cold_deadline < inner.health.deadline);
+    }
+
+    /// A stated floor below the negotiated timeout is what the deadline counts with.
+    #[tokio::test]
+    async fn a_floor_below_the_negotiated_timeout_is_counted_with() {
+        let zk = zk_testcontainers::ZooKeeper::shared().await.expect("ZooKeeper for tests");
+        let client = zk.client_with_timeout(Duration::from_secs(10)).await.expect("connect");
+        let session = Session::of(&client, 0);
+        assert_eq!(session.shared.timeout(), Duration::from_secs(10));
+        session.min_session_timeout(Some(Duration::from_secs(3)));
+        session.min_session_timeout(Some(Duration::from_secs(5))); // the lowest stated wins
+        assert_eq!(session.shared.timeout(), Duration::from_secs(3));
+        // Another owner (a managed client) of the same session id has a monitor of its own.
+        let other = Session::of(&client, 7);
+        assert!(!Arc::ptr_eq(&other.shared, &session.shared));
+        assert_eq!(other.shared.timeout(), Duration::from_secs(10));
+        assert!(Arc::ptr_eq(&Session::of(&client, 0).shared, &session.shared));
+    }
+
+    /// The machine is suspended while a lock is held (faked through the monitor's clock): when it
+    /// resumes, the hold is lost at once when looked at, and `lost()` resolves within a heartbeat
+    /// period even if nobody looks — the deadline counts suspended time, which the leader's clock
+    /// counted too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_suspension_longer_than_the_deadline_loses_the_hold() {
+        let zk = zk_testcontainers::ZooKeeper::shared().await.expect("ZooKeeper for tests");
+        let t = Duration::from_secs(4);
+        for look in [true, false] {
+            let client = zk.client_with_timeout(t).await.expect("connect");
+            let path = format!("/zkr-tests/suspend-{}", uuid::Uuid::new_v4().simple());
+            let mutex = crate::InterProcessMutex::new(client.clone(), &path).expect("mutex");
+            let guard = mutex.acquire().await.expect("acquire");
+            tokio::time::sleep(ms(300)).await;
+            assert_eq!(guard.state(), LockState::Held);
+            // A suspension of T: monotonic time did not move, the leader's clock did.
+            let session = Session::of(&client, 0);
+            session.shared.clock.fake_suspend_nanos.store(t.as_nanos() as u64, Ordering::SeqCst);
+            let resumed = std::time::Instant::now();
+            if look {
+                assert_eq!(guard.state(), LockState::Lost(LossReason::SessionDeadlinePassed));
+            } else {
+                let reason = tokio::time::timeout(t, guard.lost()).await.expect("told without looking");
+                assert_eq!(reason, LossReason::SessionDeadlinePassed);
+                // The monitor wakes at its next heartbeat (0.22 T after the last answer) at the
+                // latest; 0.1 T of slack for a loaded machine.
+                assert!(resumed.elapsed() <= t * 32 / 100, "told {:?} after the resume", resumed.elapsed());
+            }
         }
     }
 }

@@ -90,13 +90,14 @@ pub enum LossPolicy {
     /// down and `Held` again if it comes back in time, but it is
     /// [`LossReason::SessionDeadlinePassed`] once the session's loss deadline passes.
     ///
-    /// Under both policies the deadline is `E + 0.9 × T` on the monotonic clock, where `E` is a
+    /// Under both policies the deadline is `E + 0.8 × T` (on a clock that counts time suspended), where `E` is a
     /// moment at which the ZooKeeper *leader* — the only server that expires sessions — provably
     /// knew our session was alive: the session monitor sends a `sync` (which a follower must pass
     /// to the leader) 0.22 T after each answer and derives `E` from the answers, allowing for how
     /// late a follower passes session activity to the leader. The loss is declared before the
     /// leader can expire the session. The argument and its assumptions (the server's
-    /// `tickTime ≤ T/3`, clock rates within 10 %) are in the README, "What happens when the
+    /// `tickTime ≤ T/3`, the same session timeout negotiated by every server unless
+    /// `min_session_timeout` states the smallest, clock rates within 3 %) are in the README, "What happens when the
     /// session is lost", and in the source of the session monitor.
     SessionDeadline,
 }
