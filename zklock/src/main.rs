@@ -4,7 +4,9 @@
 //! the command with the lock's fencing token in its environment, forwards SIGINT/SIGTERM to it,
 //! and releases the lock when it exits, exiting with its status. When the lock is lost while the
 //! command runs, the command gets SIGTERM (SIGKILL after `--kill-after`) and `zklock` exits with
-//! [`exit::LOST`]. `zklock status LOCK_PATH` lists the holder and the waiters.
+//! [`exit::LOST`]. A supervisor between `zklock` and the command ([`supervisor`]) sees to it that
+//! nothing the command started outlives the lock, `zklock`'s death by SIGKILL included.
+//! `zklock status LOCK_PATH` lists the holder and the waiters.
 //!
 //! The path through `run`, top to bottom:
 //!
@@ -14,8 +16,9 @@
 //! 3. Acquire: `--nonblock` tries once (conflict exit code), `--timeout` bounds the wait
 //!    ([`exit::TIMEOUT`]); a progress line on a terminal while waiting; SIGINT/SIGTERM while
 //!    waiting give the queued node up before exiting.
-//! 4. Run the command; watch `guard.lost()` beside it.
-//! 5. Release (confirmed by ZooKeeper) and exit with the command's status.
+//! 4. Run the command under the supervisor; watch `guard.lost()` beside it.
+//! 5. Once the supervisor has exited (nothing the command started is left), release (confirmed
+//!    by ZooKeeper) and exit with the command's status.
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -26,6 +29,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use zk_recipes::{Error, InterProcessMutex, LockGuard, ManagedClient, Participant};
+
+mod supervisor;
 
 /// Exit codes (the command's own status when it ran; these otherwise).
 mod exit {
@@ -43,6 +48,9 @@ mod exit {
     pub const LOST: u8 = 76;
     /// ZooKeeper's ACLs refused us (`EX_NOPERM`).
     pub const NOPERM: u8 = 77;
+    /// `status`: the lock path does not exist — mistyped, never used, or removed by the server
+    /// once its last lock node went (`EX_NOINPUT`).
+    pub const NO_SUCH_PATH: u8 = 66;
     /// The command was found but could not be run.
     pub const CANNOT_EXECUTE: u8 = 126;
     /// The command was not found.
@@ -54,11 +62,12 @@ Exit status:
   the command's  when it ran (128+N if it was killed by signal N)
   1    the lock is taken and --nonblock was given (see --conflict-exit-code)
   64   bad usage: unknown option, invalid lock path, unreadable auth file
+  66   status: no such lock path (mistyped, never used, or removed once its last node went)
   69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
   70   any other ZooKeeper error
   75   --timeout passed before the lock was granted
-  76   the lock was lost while the command ran (the command got SIGTERM, then SIGKILL)
-       or before it started (it was not started)
+  76   the lock was lost while the command ran (the command and everything it started got
+       SIGTERM, then SIGKILL) or before it started (it was not started)
   77   ZooKeeper's ACLs refused us
   126  the command could not be executed
   127  the command was not found
@@ -88,7 +97,9 @@ enum Command {
     /// Waits in a fair queue (Curator-compatible `InterProcessMutex`, so Curator clients contend
     /// on the same path). If the lock is lost while the command runs — the session expired, the
     /// connection to ZooKeeper stalled or was lost, someone deleted our node — the command gets
-    /// SIGTERM, SIGKILL after --kill-after, and zklock exits with 76.
+    /// SIGTERM, SIGKILL after --kill-after, and zklock exits with 76. Nothing the command starts
+    /// (setsid and double-forked processes included) outlives the lock: it is all stopped when
+    /// the lock is lost, when the command exits, and when zklock dies, even by SIGKILL.
     #[command(after_help = EXIT_CODES)]
     Run(RunArgs),
     /// Show who holds a lock and who waits, in queue order.
@@ -129,7 +140,8 @@ struct RunArgs {
     /// Text stored in our lock node, shown by `zklock status` [default: hostname:pid].
     #[arg(long)]
     data: Option<String>,
-    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL
+    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL (also what
+    /// the command left running when it exits gets between the two, before the release)
     /// [default: a quarter of the session timeout, so the command is gone before ZooKeeper can
     /// expire the session and grant the lock to someone else].
     #[arg(long, value_parser = parse_duration)]
@@ -180,6 +192,11 @@ impl Failure {
 }
 
 fn main() -> ExitCode {
+    // The supervisor `run` starts between itself and the command: single-threaded, no runtime.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == supervisor::ARG) {
+        return supervisor::main(&args[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
@@ -264,6 +281,18 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         zk = connect(&args.connection) => zk?,
         signal = signals.recv() => return Ok(128 + signal as u8),
     };
+    let outcome = run_connected(&args, &zk, &mut signals).await;
+    // Nothing of our session stays behind: anything left is deleted at once, not a session
+    // timeout after we exit. Not after a lost lock: the session is in trouble then (its nodes go
+    // with it), and the exit must not wait for it. Bounded: the server may be unreachable.
+    if !matches!(outcome, Ok(exit::LOST)) && zk.state() != zk_recipes::ConnectionState::Suspended {
+        let bound = args.connection.connect_timeout.min(args.connection.session_timeout / 4);
+        let _ = tokio::time::timeout(bound, zk.close()).await;
+    }
+    outcome
+}
+
+async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals) -> Result<u8, Failure> {
     if let Some(kill_after) = args.kill_after {
         if kill_after > args.connection.session_timeout * 7 / 20 {
             eprintln!(
@@ -273,7 +302,7 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     }
     let data = args.data.clone().unwrap_or_else(default_node_data);
-    let mutex = InterProcessMutex::builder(&zk, args.lock_path.as_str())
+    let mutex = InterProcessMutex::builder(zk, args.lock_path.as_str())
         .node_data(data.clone())
         .build()
         .map_err(Failure::from_lock)?;
@@ -293,13 +322,13 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         let signal = tokio::select! {
             acquired = &mut acquire => break acquired,
             // Reports until the acquire ends (it returns only if it cannot report at all).
-            () = progress.report(&mutex, &zk) => continue,
+            () = progress.report(&mutex, zk) => continue,
             signal = signals.recv() => signal,
         };
         // Dropping the acquire sends the deletion of our queued node; wait for it to be done.
         drop(acquire);
         progress.finish();
-        wait_until_gone(&mutex, &zk).await;
+        wait_until_gone(&mutex, zk).await;
         return Ok(128 + signal as u8);
     };
     progress.finish();
@@ -309,15 +338,15 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         Ok(Err(Waited::Conflict)) => return Ok(args.conflict_exit_code),
         Ok(Err(Waited::TimedOut)) => {
             // The timed-out acquire deletes our queued node in the background: see it done.
-            wait_until_gone(&mutex, &zk).await;
+            wait_until_gone(&mutex, zk).await;
             return Err(Failure::new(exit::TIMEOUT, format!("timed out waiting for {}", args.lock_path)));
         },
         Err(err) => {
-            wait_until_gone(&mutex, &zk).await;
+            wait_until_gone(&mutex, zk).await;
             return Err(Failure::from_lock(err));
         },
     };
-    supervise(&args, guard, &mut signals).await
+    supervise(args, guard, signals).await
 }
 
 enum Waited {
@@ -419,8 +448,29 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
         ));
     }
     let kill_after = args.kill_after.unwrap_or(args.connection.session_timeout / 4);
-    let mut command = tokio::process::Command::new(program);
+    // The command runs under a supervisor, a copy of us (see supervisor.rs for the invariant and
+    // its proof): a child subreaper that kills everything the command started when we die (it
+    // sees the end of file on the control socket), when we ask (a lost lock) and when the command
+    // exits, and exits only once nothing is left, with the command's status.
+    // A child subreaper ourselves, so that if the supervisor is killed on its own, what the
+    // command started is re-parented to us (not to init) and we can kill it (see below).
+    // SAFETY: prctl(2) with integer arguments has no memory effects.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        let err = std::io::Error::last_os_error();
+        release(guard, &args.connection).await;
+        return Err(Failure::new(exit::ERROR, format!("cannot become a child subreaper: {err}")));
+    }
+    let (control, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|err| Failure::new(exit::ERROR, format!("cannot start the supervisor: {err}")))?;
+    let theirs_fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+    let mut command = tokio::process::Command::new("/proc/self/exe");
     command
+        .arg0("zklock")
+        .arg(supervisor::ARG)
+        .arg(theirs_fd.to_string())
+        .arg(kill_after.as_millis().to_string())
+        .arg("--")
+        .arg(program)
         .args(rest)
         .env("ZKLOCK_PATH", &args.lock_path)
         .env("ZKLOCK_NODE", guard.lock_path())
@@ -428,78 +478,70 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
         // Our credentials are not the command's business.
         .env_remove("ZKLOCK_AUTH")
         .env_remove("ZKLOCK_AUTH_FILE")
-        // A process group of its own, so a lost lock stops everything the command started
-        // (signals go to the group), and a Ctrl-C on the terminal reaches it once, through us.
-        .process_group(0)
-        .kill_on_drop(true);
-    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2), which
-    // is async-signal-safe and touches no memory of ours. If zklock dies (even by SIGKILL), the
-    // command gets SIGKILL instead of running on without the lock.
+        // A process group of its own (the command gets another one), so that a Ctrl-C on the
+        // terminal reaches the command once, through us. Not killed on drop: a dropped
+        // supervisor sees our end of the socket close and kills the command and its descendants,
+        // while a killed one could not.
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and only calls fcntl(2), which
+    // is async-signal-safe: the supervisor's end of the socket survives the exec (ours stays
+    // close-on-exec, so it is open in zklock alone).
     unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        command.pre_exec(move || {
+            if libc::fcntl(theirs_fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
-    let mut child = match command.spawn() {
+    let spawned = command.spawn();
+    drop(theirs);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(err) => {
             release(guard, &args.connection).await;
-            let code = if err.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
-            return Err(Failure::new(code, format!("cannot run {}: {err}", program.to_string_lossy())));
+            return Err(Failure::new(exit::CANNOT_EXECUTE, format!("cannot start the supervisor: {err}")));
         },
     };
-    let pid = child.id().map(|pid| pid as libc::pid_t);
-    let send = |signal: i32| {
-        if let Some(pid) = pid {
-            // SAFETY: kill(2) has no memory effects. The group id is our child's pid: until we
-            // reap the child it is alive; after that, Linux does not hand the number out again
-            // while any process of the group lives (it is in use as a group id), and if none does
-            // the call fails with ESRCH — unless, in the moment since the reap, a new process got
-            // that very pid and made a group of its own.
-            unsafe { libc::kill(-pid, signal) };
-        }
+    // Two-byte messages; a failed write means the supervisor is gone, and its exit tells.
+    let send = |message: [u8; 2]| {
+        let _ = (&control).write_all(&message);
     };
     let mut lost = false;
-    let mut kill_at: Option<tokio::time::Instant> = None;
     let status = loop {
         tokio::select! {
-            // The command's exit first: one that ended as the loss arrived ran under the lock.
+            // The supervisor's exit first: one that ended as the loss arrived ran under the lock.
             biased;
             status = child.wait() => break status,
-            signal = signals.recv() => send(signal),
+            signal = signals.recv() => send([supervisor::FORWARD, signal as u8]),
             reason = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
-                    "zklock: lock {} lost ({reason}); stopping the command (SIGTERM, SIGKILL after {kill_after:?})",
+                    "zklock: lock {} lost ({reason}); stopping the command and everything it started (SIGTERM, \
+                     SIGKILL after {kill_after:?})",
                     args.lock_path
                 );
-                send(libc::SIGTERM);
-                kill_at = tokio::time::Instant::now().checked_add(kill_after);
-            },
-            _ = sleep_until(kill_at) => {
-                kill_at = None;
-                send(libc::SIGKILL);
+                send([supervisor::STOP, 0]);
             },
         }
     };
     let status = status.map_err(|err| Failure::new(exit::ERROR, format!("waiting for the command: {err}")))?;
+    if std::os::unix::process::ExitStatusExt::signal(&status).is_some() {
+        // The supervisor was killed (it exits normally, with the command's status, otherwise):
+        // what the command started is ours now; it goes before the lock does.
+        let orphans = tokio::task::block_in_place(supervisor::kill_orphans);
+        if orphans > 0 {
+            eprintln!("zklock: the supervisor was killed; killed {orphans} processes the command had started");
+        }
+    }
     if lost {
-        // What the command left running in its group goes too.
-        send(libc::SIGKILL);
+        // The supervisor exited: nothing the command started is left.
         drop(guard);
         return Ok(exit::LOST);
     }
     // Confirmed by ZooKeeper before we exit (bounded), so the next waiter is not held up by us.
     release(guard, &args.connection).await;
     Ok(exit_status(status))
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The status a shell would report for the command.
@@ -561,7 +603,8 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let mutex = InterProcessMutex::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
     let participants = mutex.participants().await.map_err(Failure::from_lock)?;
     if participants.is_empty() {
-        // A missing chroot lists as an empty queue: say so instead of "free".
+        // A missing chroot, or a missing lock path, lists as an empty queue: say so instead of
+        // "free".
         match zk.client().check_stat("/").await {
             Ok(Some(_)) => {},
             Ok(None) => {
@@ -571,6 +614,20 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 ))
             },
             Err(err) => return Err(Failure::new(exit::ERROR, format!("checking the chroot: {err}"))),
+        }
+        match zk.client().check_stat(&args.lock_path).await {
+            Ok(Some(_)) => {},
+            Ok(None) => {
+                return Err(Failure::new(
+                    exit::NO_SUCH_PATH,
+                    format!(
+                        "no such lock path: {} (nobody holds or waits for it; check the spelling — the server \
+                         also removes a lock path once its last lock node is gone)",
+                        args.lock_path
+                    ),
+                ))
+            },
+            Err(err) => return Err(Failure::new(exit::ERROR, format!("checking {}: {err}", args.lock_path))),
         }
     }
     let mut out = std::io::stdout().lock();

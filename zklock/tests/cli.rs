@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use zk_testcontainers::{FaultProxy, ZooKeeper};
+use zk_testcontainers::{FaultProxy, ZooKeeper, SCHED_SLACK};
 
 const ZKLOCK: &str = env!("CARGO_BIN_EXE_zklock");
 
@@ -63,6 +63,11 @@ async fn run(args: &[&str]) -> Output {
 /// The parsed `zklock status --json` of `path`.
 async fn status(path: &str) -> serde_json::Value {
     let out = run(&["status", "--json", path]).await;
+    if out.code == Some(66) {
+        // No such lock path (yet, or any more): nobody queued.
+        assert!(out.stderr.contains("no such lock path"), "{}", out.stderr);
+        return serde_json::json!({ "lock_path": path, "participants": [] });
+    }
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     serde_json::from_str(&out.stdout).unwrap_or_else(|err| panic!("status --json is not JSON ({err}): {}", out.stdout))
 }
@@ -192,9 +197,15 @@ async fn the_command_gets_the_fencing_token() {
 
 /// The holder's connection stalls: zklock learns the lock is lost (before ZooKeeper could give it
 /// to anyone else), stops the command and exits 76; SIGKILL follows when SIGTERM is ignored.
+/// Timing (README: a stalled holder is told ≤ 0.4 T under the default policy): zklock has exited
+/// — so the command's whole process group is gone — within 0.4 T, plus `--kill-after` when
+/// SIGTERM is ignored, plus the documented scheduling slack; that is below T, so before the
+/// server can expire the session and grant the lock to anyone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_connection_stops_the_command() {
     let server = zookeeper().await;
+    let t = Duration::from_secs(4);
+    let kill_after = Duration::from_secs(1);
     for (script, expect_term) in [
         ("trap 'echo term; exit 0' TERM; echo started; sleep 30 & wait", true),
         ("trap '' TERM; echo started; sleep 30", false),
@@ -207,9 +218,9 @@ async fn a_stalled_connection_stops_the_command() {
             "--connect",
             &proxy.addr(),
             "--session-timeout",
-            "4s",
+            &format!("{}s", t.as_secs()),
             "--kill-after",
-            "1s",
+            &format!("{}s", kill_after.as_secs()),
             &path,
             "--",
             "sh",
@@ -243,7 +254,13 @@ async fn a_stalled_connection_stops_the_command() {
         assert!(stderr.contains("lost"), "{stderr}");
         assert_eq!(rest.contains("term"), expect_term, "{rest}");
         // Told within 0.4 T of the stall (Suspended policy), plus the SIGKILL grace when needed.
-        assert!(told_in < Duration::from_secs(5), "{told_in:?}");
+        let bound = t * 2 / 5 + if expect_term { Duration::ZERO } else { kill_after };
+        assert!(bound + SCHED_SLACK < t, "the test's own bound must be below T");
+        assert!(
+            told_in <= bound + SCHED_SLACK,
+            "zklock exited {told_in:?} after the stall; bound 0.4 T{} = {bound:?} + SCHED_SLACK {SCHED_SLACK:?}",
+            if expect_term { "" } else { " + --kill-after" }
+        );
         eprintln!("lost after {told_in:?} (total {:?})", started.elapsed());
         proxy.pass();
     }
@@ -251,9 +268,18 @@ async fn a_stalled_connection_stops_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_the_queue_in_order() {
+    use zk_recipes::zookeeper_client as zk;
     let path = unique_path("status");
+    // A path nobody used (or mistyped): said so, with its own status — not "free".
     let out = run(&["status", &path]).await;
-    assert_eq!(out.code, Some(0));
+    assert_eq!(out.code, Some(66), "{}", out.stderr);
+    assert!(out.stderr.contains("no such lock path"), "{}", out.stderr);
+    assert!(!out.stdout.contains("free"), "{}", out.stdout);
+    // An existing lock path with nobody queued is free.
+    let admin = zookeeper().await.client().await.unwrap();
+    admin.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let out = run(&["status", &path]).await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("free"), "{}", out.stdout);
 
     let holder = hold(&path, "the-holder").await;
@@ -312,6 +338,7 @@ async fn bad_input_gives_one_line_and_a_non_zero_exit() {
         (vec!["status", "--connect", &unreachable, "--connect-timeout", "1s", "/locks/a"], 69, &unreachable, true),
         (vec!["run", "--connect", &missing_chroot, "/locks/a", "--", "true"], 69, "chroot", true),
         (vec!["status", "--connect", &missing_chroot, "/locks/a"], 69, "chroot", true),
+        (vec!["status", "/zklock-tests/no-such-lock-path"], 66, "no such lock path", true),
         (
             vec!["run", "--kill-after", "10000000000000000000", "/locks/a", "--", "true"],
             64,
@@ -430,6 +457,9 @@ async fn digest_auth_from_the_environment_or_a_file() {
         .connect(server.connect_string())
         .await
         .unwrap();
+    // The tests' root first, open to all: `mkdir` would otherwise create it with the protected
+    // path's creator-only ACL when this test runs first, and refuse every other test.
+    owner.mkdir("/zklock-tests", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
     owner.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all())).await.unwrap();
 
     let refused = run(&["run", &path, "--", "true"]).await;
@@ -481,4 +511,224 @@ async fn the_command_dies_with_zklock() {
         assert!(Instant::now() < deadline, "the command outlived zklock");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Start time (field 22 of `/proc/PID/stat`) and session (field 6) of a live process, `None`
+/// when it is gone or a zombie.
+fn proc_stat(pid: libc::pid_t) -> Option<(u64, libc::pid_t)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = text.get(text.rfind(')')? + 1..)?.split_ascii_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    Some((fields.get(19)?.parse().ok()?, fields.get(3)?.parse().ok()?))
+}
+
+/// Whether the process that started at `started` still runs as `pid` (a recycled pid is not it).
+fn still_runs(pid: libc::pid_t, started: u64) -> bool {
+    proc_stat(pid).is_some_and(|(now, _)| now == started)
+}
+
+/// Processes a test started through zklock: SIGKILLed on drop if they still run, so that a
+/// failing test leaves no `sleep 300` behind; and a scratch directory for their pid files.
+struct Descendants {
+    dir: std::path::PathBuf,
+    pids: Vec<(libc::pid_t, u64)>,
+}
+
+impl Descendants {
+    fn new(name: &str) -> Descendants {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let dir = std::env::temp_dir().join(format!("zklock-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Descendants { dir, pids: Vec::new() }
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// Waits for the pid file `name` (written with a rename, so whole), and records that live
+    /// process with its start time and session.
+    async fn read(&mut self, name: &str) -> (libc::pid_t, u64, libc::pid_t) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let pid: libc::pid_t = loop {
+            if let Ok(text) = std::fs::read_to_string(self.dir.join(name)) {
+                break text.trim().parse().unwrap_or_else(|_| panic!("a pid in {name}: {text:?}"));
+            }
+            assert!(Instant::now() < deadline, "{name} was never written");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (started, session) = proc_stat(pid).unwrap_or_else(|| panic!("{name} ({pid}) runs"));
+        self.pids.push((pid, started));
+        (pid, started, session)
+    }
+}
+
+impl Drop for Descendants {
+    fn drop(&mut self) {
+        for &(pid, started) in &self.pids {
+            if still_runs(pid, started) {
+                // SAFETY: kill(2) on a process this test started (checked by its start time).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Nanoseconds since the epoch (what `date +%s%N` prints).
+fn epoch_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// zklock killed by SIGKILL while its command has a grandchild (in the command's process group)
+/// and a great-grandchild that left it (`setsid`, then orphaned by a double fork): both are dead
+/// within T/4 of the kill, and before the next zklock on the lock starts its command (ZooKeeper
+/// grants it no earlier than about 0.7 T after the kill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_descendant_outlives_a_killed_zklock() {
+    let session_timeout = Duration::from_secs(4);
+    let path = unique_path("descendants");
+    let mut descendants = Descendants::new("descendants");
+    let (grandchild, setsid) = (descendants.file("grandchild"), descendants.file("setsid"));
+    let script = format!(
+        "sh -c 'sleep 300 & echo $! > {grandchild}.tmp; mv {grandchild}.tmp {grandchild}; \
+         setsid sh -c \"sleep 300 & echo \\$! > {setsid}.tmp; mv {setsid}.tmp {setsid}\"; wait' & \
+         echo started; wait"
+    );
+    let mut first = zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script])
+        .await
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("started"));
+    let (grandchild_pid, grandchild_started, grandchild_session) = descendants.read("grandchild").await;
+    let (setsid_pid, setsid_started, setsid_session) = descendants.read("setsid").await;
+    assert_ne!(setsid_session, grandchild_session, "the great-grandchild left the command's session");
+
+    // Watches both from before the kill: when each was first seen gone.
+    let watched = [(grandchild_pid, grandchild_started), (setsid_pid, setsid_started)];
+    let watcher = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut gone_at: [Option<u128>; 2] = [None, None];
+        while gone_at.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, &(pid, started)) in watched.iter().enumerate() {
+                if gone_at[i].is_none() && !still_runs(pid, started) {
+                    gone_at[i] = Some(epoch_nanos());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        gone_at
+    });
+
+    first.start_kill().unwrap();
+    let killed_at = epoch_nanos();
+    first.wait().await.unwrap();
+    let next = run(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", "date +%s%N"]).await;
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    let next_started: u128 = next.stdout.trim().parse().unwrap_or_else(|_| panic!("a time: {:?}", next.stdout));
+    let gone_at = watcher.join().unwrap();
+    for (name, gone_at) in [("the grandchild", gone_at[0]), ("the setsid great-grandchild", gone_at[1])] {
+        let gone_at = gone_at.unwrap_or_else(|| panic!("{name} outlived zklock (30 s after the kill)"));
+        let after_kill = Duration::from_nanos(gone_at.saturating_sub(killed_at) as u64);
+        eprintln!(
+            "{name} gone {after_kill:?} after the kill; the next command started {:?} after the kill",
+            Duration::from_nanos(next_started.saturating_sub(killed_at) as u64)
+        );
+        assert!(gone_at < next_started, "{name} still ran when the next holder's command started");
+        assert!(after_kill < session_timeout / 4, "{name} gone only {after_kill:?} after the kill");
+    }
+}
+
+/// A lost lock (stalled connection) stops a descendant that left the command's process group
+/// and session (`setsid` and a double fork) before zklock exits 76; and when the command exits,
+/// what it left running is stopped before the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants() {
+    let server = zookeeper().await;
+    let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
+    let path = unique_path("lost-setsid");
+    let mut descendants = Descendants::new("lost-setsid");
+    let daemon = descendants.file("daemon");
+    let script =
+        format!("setsid sh -c 'sleep 300 & echo $! > {daemon}.tmp; mv {daemon}.tmp {daemon}'; echo started; sleep 300");
+    let mut child = zklock(&[
+        "run",
+        "--connect",
+        &proxy.addr(),
+        "--session-timeout",
+        "4s",
+        "--kill-after",
+        "1s",
+        &path,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .await
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("started"));
+    let (pid, started, _) = descendants.read("daemon").await;
+    proxy.stall();
+    let stalled_at = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    let exited_in = stalled_at.elapsed();
+    let daemon_ran_on = still_runs(pid, started);
+    // Bounded: a surviving descendant would hold the pipe open.
+    let mut stderr = String::new();
+    let mut pipe = child.stderr.take().unwrap();
+    let read = tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr);
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    proxy.pass();
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(!daemon_ran_on, "the setsid descendant outlived the lost lock");
+    // Told within 0.4 T, then the SIGTERM and (unneeded here) SIGKILL grace.
+    assert!(exited_in < Duration::from_secs(5), "{exited_in:?}");
+
+    let left = descendants.file("left");
+    let script = format!("setsid sh -c 'sleep 300 & echo $! > {left}.tmp; mv {left}.tmp {left}'; exit 3");
+    let out = run(&["run", &path, "--", "sh", "-c", &script]).await;
+    assert_eq!(out.code, Some(3), "the command's status: {}", out.stderr);
+    let pid: libc::pid_t = std::fs::read_to_string(&left).unwrap().trim().parse().unwrap();
+    assert!(proc_stat(pid).is_none(), "what the command left running outlived the lock");
+}
+
+/// The supervisor killed on its own (SIGKILL): the command dies with it, and zklock, which adopts
+/// what the command started, kills that before it releases the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_no_descendant() {
+    let path = unique_path("supervisor-killed");
+    let mut descendants = Descendants::new("supervisor-killed");
+    let daemon = descendants.file("daemon");
+    let script = format!(
+        "setsid sh -c 'sleep 300 & echo $! > {daemon}.tmp; mv {daemon}.tmp {daemon}'; echo $PPID; sleep 300 & wait"
+    );
+    let mut child = zklock(&["run", &path, "--", "sh", "-c", &script]).await.stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let supervisor: libc::pid_t = line.trim().parse().unwrap();
+    let (pid, started, _) = descendants.read("daemon").await;
+    let parent_of_supervisor = std::fs::read_to_string(format!("/proc/{supervisor}/stat")).unwrap();
+    assert!(
+        parent_of_supervisor.contains(&format!(") S {} ", child.id().unwrap()))
+            || parent_of_supervisor.contains(&format!(") R {} ", child.id().unwrap())),
+        "the command's parent is zklock's child: {parent_of_supervisor}"
+    );
+    // SAFETY: kill(2) on zklock's child, checked above.
+    unsafe { libc::kill(supervisor, libc::SIGKILL) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    let daemon_ran_on = still_runs(pid, started);
+    assert_eq!(status.code(), Some(128 + 9));
+    assert!(!daemon_ran_on, "the setsid descendant outlived the lock");
+    wait_for_queue(&path, 0).await;
 }

@@ -1,0 +1,450 @@
+//! The supervisor: a small process between `zklock` and the command that sees to it that nothing
+//! the command started outlives the lock.
+//!
+//! `zklock run` re-executes itself (`/proc/self/exe`, first argument [`ARG`]) once the lock is
+//! granted; this process makes itself a child subreaper, starts the command in a process group of
+//! its own and then only waits: for the command and its descendants, for signals, and for
+//! requests from `zklock` on a control socket. It exits once no descendant is left, with the
+//! command's status (128+N if a signal N killed it), which `zklock` passes on.
+//!
+//! # Invariant
+//!
+//! Whenever ZooKeeper can grant the lock to another holder, no process descended from the command
+//! is alive (zombies aside). Proof, for each way the hold ends:
+//!
+//! 1. **Closure.** The supervisor is a child subreaper (`PR_SET_CHILD_SUBREAPER`): a process whose
+//!    parent dies is re-parented to its nearest living subreaper ancestor, which is the supervisor
+//!    or a subreaper below it, never init. `setsid`, a new process group or a double fork change
+//!    the session or group, not the parentage. So every live process the command started,
+//!    directly or not, has the supervisor on its parent chain (`D`, found by walking the `ppid`
+//!    of `/proc/*/stat`); and `D` is empty exactly when the supervisor has no child left
+//!    (`waitpid` fails with `ECHILD`), because the top-most live members of `D` are always its
+//!    direct children.
+//! 2. **zklock dies.** `zklock`'s end of the control socket is close-on-exec and `zklock` starts
+//!    no other process, so it is open in `zklock` alone. However `zklock` ends — exit, panic, any
+//!    signal, SIGKILL included — the kernel closes it, and the supervisor's `poll` sees end of
+//!    file. Unlike `PR_SET_PDEATHSIG` this is tied to the process, not to the thread that forked
+//!    us, and no race can lose it: the socket exists before the supervisor does, so a `zklock`
+//!    dead before the supervisor first polls leaves the end of file waiting. The supervisor then
+//!    sends SIGKILL to the command's group and to every member of `D`, reaps, and repeats until
+//!    `ECHILD`. A process with SIGKILL pending cannot fork any more, so each round leaves only
+//!    processes forked before their parent was killed, which the next round finds: it ends.
+//! 3. **Timing.** `zklock`'s ZooKeeper session outlives `zklock`: the server does not end it when
+//!    the TCP connection closes, only when it has not heard from it for the session timeout T,
+//!    and only then can the next waiter be granted the lock — no earlier than about 0.7 T after
+//!    `zklock`'s death (the bound the README states for a stalled connection: `zklock` was last
+//!    heard at most one ping interval before). The supervisor must therefore have killed `D`
+//!    within a small fraction of T: it wakes at once on the end of file and SIGKILL needs no
+//!    grace, so that takes milliseconds (the tests require under T/4).
+//! 4. **The lock is lost** (`zklock` is told at about 0.4 T after a stall, before ZooKeeper can
+//!    grant the lock elsewhere): `zklock` sends [`STOP`]: SIGTERM to the group and to `D`,
+//!    SIGKILL after `--kill-after` (T/4 by default), and `zklock` exits 76 only once the
+//!    supervisor has exited, that is once `D` is empty.
+//! 5. **The command exits** while `zklock` holds the lock: what it left behind gets SIGTERM, then
+//!    SIGKILL after `--kill-after`; `zklock` releases the lock once the supervisor has exited.
+//!
+//! Signals are sent through pidfds (`pidfd_open`, then a check that the process still has the
+//! start time it had in the walk), so a pid recycled since the walk is never hit.
+//!
+//! Not covered: a process the command has someone else start (`systemd-run`, `at`, `docker run`,
+//! `ssh`: it is no descendant); a descendant we may not signal (it runs as another user, e.g.
+//! under `sudo`) or that does not die of SIGKILL (uninterruptible sleep: after [`KILL_WAIT`] the
+//! supervisor names it and gives up); a descendant in a PID namespace that is not ours or a
+//! descendant of ours (`/proc` must be our namespace's).
+//!
+//! The supervisor itself killed on its own (SIGKILL: other signals it forwards): the command dies
+//! with it (`PR_SET_PDEATHSIG`), and `zklock`, a child subreaper too, adopts what the command
+//! started and kills it ([`kill_orphans`]) before it releases the lock. Both dying at once (a
+//! SIGKILL to the whole group or cgroup) kills everything anyway.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// `zklock __zklock-supervisor FD KILL_AFTER_MS -- COMMAND...`: how `zklock run` starts us.
+pub const ARG: &str = "__zklock-supervisor";
+
+/// Control message `[FORWARD, N]`: send signal N to the command's process group.
+pub const FORWARD: u8 = b'F';
+/// Control message `[STOP, 0]`: the lock is lost: SIGTERM to everything, SIGKILL after the grace.
+pub const STOP: u8 = b'S';
+
+/// How long SIGKILL gets to take effect before the supervisor names the survivors and exits.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// How often the SIGKILL round is repeated while descendants remain.
+const KILL_ROUND: Duration = Duration::from_millis(5);
+
+use crate::exit::{CANNOT_EXECUTE, ERROR, NOT_FOUND, USAGE};
+
+/// The supervisor's `main`: `args` are the arguments after [`ARG`].
+pub fn main(args: &[OsString]) -> ExitCode {
+    let parsed = (|| {
+        let fd: RawFd = args.first()?.to_str()?.parse().ok()?;
+        let grace = Duration::from_millis(args.get(1)?.to_str()?.parse().ok()?);
+        (args.get(2)?.as_os_str() == "--").then_some(())?;
+        let (program, rest) = args[3..].split_first()?;
+        Some((fd, grace, program, rest))
+    })();
+    let Some((fd, grace, program, rest)) = parsed else {
+        eprintln!("zklock: {ARG} is for zklock run's own use");
+        return ExitCode::from(USAGE);
+    };
+    // SAFETY: zklock passed us this descriptor (a socket) and nothing else here owns it. F_SETFD
+    // only sets its close-on-exec flag, so the command does not inherit it.
+    let control = unsafe {
+        if libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
+            eprintln!("zklock: supervisor: bad control descriptor {fd}");
+            return ExitCode::from(USAGE);
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    match Supervisor::start(control, grace, program, rest) {
+        Ok(supervisor) => ExitCode::from(supervisor.run()),
+        Err(code) => ExitCode::from(code),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Phase {
+    /// The command runs.
+    Running,
+    /// SIGTERM was sent to everything; SIGKILL at this instant.
+    Stopping(Instant),
+    /// SIGKILL, again every [`KILL_ROUND`], until no descendant is left; since this instant.
+    Killing(Instant),
+}
+
+struct Supervisor {
+    me: libc::pid_t,
+    /// The command's pid, which is also its process group's id.
+    command: libc::pid_t,
+    /// Its status once reaped (a shell's: 128+N for signal N). Until then, `command` is our
+    /// unreaped child, so its pid (and group id) cannot be anyone else's.
+    status: Option<u8>,
+    control: OwnedFd,
+    /// Control bytes read but not yet a whole message.
+    pending: Vec<u8>,
+    signals: OwnedFd,
+    grace: Duration,
+    phase: Phase,
+}
+
+impl Supervisor {
+    fn start(control: OwnedFd, grace: Duration, program: &OsString, rest: &[OsString]) -> Result<Supervisor, u8> {
+        // SAFETY: plain system calls on our own process; the sigset is initialised by
+        // sigemptyset before use.
+        let (me, signals) = unsafe {
+            if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+                eprintln!("zklock: supervisor: PR_SET_CHILD_SUBREAPER: {}", std::io::Error::last_os_error());
+                return Err(ERROR);
+            }
+            // SIGCHLD and the signals we forward arrive on a signalfd; SIGTSTP is swallowed (a
+            // stopped supervisor could not act on zklock's death). The command starts with an
+            // empty mask (see pre_exec below).
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP] {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+            if fd < 0 {
+                eprintln!("zklock: supervisor: signalfd: {}", std::io::Error::last_os_error());
+                return Err(ERROR);
+            }
+            (libc::getpid(), OwnedFd::from_raw_fd(fd))
+        };
+        let mut command = std::process::Command::new(program);
+        command.args(rest).process_group(0);
+        // SAFETY: runs in the child between fork and exec; prctl, getppid and sigprocmask are
+        // async-signal-safe and touch no memory of ours. If the supervisor dies (it can only be
+        // by SIGKILL), the command gets SIGKILL; the getppid check closes the race of a
+        // supervisor dead before the prctl. We are single-threaded, so the parent-death signal's
+        // "parent" is our whole process, not one thread of it.
+        unsafe {
+            command.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != me {
+                    libc::_exit(ERROR as i32);
+                }
+                let mut empty = std::mem::zeroed::<libc::sigset_t>();
+                libc::sigemptyset(&mut empty);
+                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(err) => {
+                eprintln!("zklock: cannot run {}: {err}", program.to_string_lossy());
+                return Err(if err.kind() == std::io::ErrorKind::NotFound { NOT_FOUND } else { CANNOT_EXECUTE });
+            },
+        };
+        // We reap with waitpid(-1) ourselves; `Child` only gave us the pid.
+        let command = child.id() as libc::pid_t;
+        drop(child);
+        Ok(Supervisor {
+            me,
+            command,
+            status: None,
+            control,
+            pending: Vec::new(),
+            signals,
+            grace,
+            phase: Phase::Running,
+        })
+    }
+
+    /// Waits and acts until no descendant is left; returns the exit status.
+    fn run(mut self) -> u8 {
+        loop {
+            if !self.reap() {
+                // No child left, so no descendant (closure): the command was reaped too.
+                return self.status.unwrap_or(ERROR);
+            }
+            let now = Instant::now();
+            if self.status.is_some() && self.phase == Phase::Running {
+                // The command exited; what it left behind does not outlive the lock.
+                self.stop(now);
+            }
+            if let Phase::Stopping(at) = self.phase {
+                if now >= at {
+                    self.phase = Phase::Killing(now);
+                }
+            }
+            if let Phase::Killing(since) = self.phase {
+                self.signal_all(libc::SIGKILL);
+                if now.duration_since(since) >= KILL_WAIT && self.status.is_some() {
+                    let left = descendants(self.me).into_iter().map(|(pid, _)| pid.to_string()).collect::<Vec<_>>();
+                    eprintln!(
+                        "zklock: processes the command started survived SIGKILL (not ours to kill, or in \
+                         uninterruptible sleep): {}",
+                        left.join(" ")
+                    );
+                    return self.status.unwrap_or(ERROR);
+                }
+            }
+            let timeout = match self.phase {
+                Phase::Running => -1,
+                Phase::Stopping(at) => at.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32,
+                Phase::Killing(_) => KILL_ROUND.as_millis() as i32,
+            };
+            let mut fds = [
+                libc::pollfd { fd: self.signals.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.control.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // Once zklock is gone, only the signals (SIGCHLD) matter.
+            let watched = if matches!(self.phase, Phase::Killing(_)) { 1 } else { 2 };
+            // SAFETY: `fds` is a valid array of `watched` pollfds.
+            unsafe { libc::poll(fds.as_mut_ptr(), watched as libc::nfds_t, timeout) };
+            if fds[0].revents != 0 {
+                self.read_signals();
+            }
+            if watched == 2 && fds[1].revents != 0 {
+                self.read_control();
+            }
+        }
+    }
+
+    /// Reaps every child that ended; whether any child is left.
+    fn reap(&mut self) -> bool {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid writes only `status`.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid == 0 {
+                return true;
+            }
+            if pid < 0 {
+                match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // ECHILD: none left.
+                    _ => return false,
+                }
+            }
+            if pid == self.command {
+                self.status = Some(if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status) as u8
+                } else if libc::WIFSIGNALED(status) {
+                    128u8.saturating_add(libc::WTERMSIG(status) as u8)
+                } else {
+                    ERROR
+                });
+            }
+        }
+    }
+
+    fn read_signals(&mut self) {
+        let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+        loop {
+            // SAFETY: reads at most `info.len()` bytes into `info`.
+            let n = unsafe { libc::read(self.signals.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) };
+            if n != info.len() as isize {
+                return;
+            }
+            // ssi_signo is the first field, a u32 in native byte order.
+            let signal = u32::from_ne_bytes([info[0], info[1], info[2], info[3]]) as i32;
+            // Sent to us directly: forwarded like zklock forwards them (SIGCHLD only wakes us;
+            // SIGTSTP is swallowed).
+            if matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT) {
+                self.forward(signal);
+            }
+        }
+    }
+
+    fn read_control(&mut self) {
+        let mut buf = [0u8; 64];
+        // SAFETY: reads at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::read(self.control.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        let read = if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) };
+        match read {
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {},
+            Ok(0) | Err(_) => {
+                // zklock is gone (invariant, 2): kill everything now.
+                self.phase = Phase::Killing(Instant::now());
+                self.signal_all(libc::SIGKILL);
+            },
+            Ok(n) => {
+                self.pending.extend_from_slice(&buf[..n]);
+                while self.pending.len() >= 2 {
+                    let message: Vec<u8> = self.pending.drain(..2).collect();
+                    match message[0] {
+                        FORWARD => self.forward(message[1] as i32),
+                        STOP if self.phase == Phase::Running => self.stop(Instant::now()),
+                        _ => {},
+                    }
+                }
+            },
+        }
+    }
+
+    /// SIGTERM to everything, SIGKILL after the grace.
+    fn stop(&mut self, now: Instant) {
+        self.signal_all(libc::SIGTERM);
+        self.phase = Phase::Stopping(now.checked_add(self.grace).unwrap_or(now));
+    }
+
+    /// A signal for the command: its process group while it runs, else everything it left.
+    fn forward(&mut self, signal: i32) {
+        if self.status.is_none() {
+            // SAFETY: kill(2) has no memory effects; the group id is our unreaped child's pid.
+            unsafe { libc::kill(-self.command, signal) };
+        } else {
+            self.signal_all(signal);
+        }
+    }
+
+    /// `signal` to the command's group (while it is unreaped) and to every descendant.
+    fn signal_all(&mut self, signal: i32) {
+        if self.status.is_none() {
+            // SAFETY: as in `forward`.
+            unsafe { libc::kill(-self.command, signal) };
+        }
+        for (pid, started) in descendants(self.me) {
+            signal_pinned(pid, started, signal);
+        }
+    }
+}
+
+/// For `zklock`, itself a child subreaper, when the supervisor died by a signal: what the command
+/// started was re-parented to `zklock`; SIGKILL it, in rounds, until none is alive (at most
+/// [`KILL_WAIT`]). Returns how many were found.
+pub fn kill_orphans() -> usize {
+    // SAFETY: getpid has no memory effects.
+    let me = unsafe { libc::getpid() };
+    let deadline = Instant::now() + KILL_WAIT;
+    let mut found = std::collections::BTreeSet::new();
+    loop {
+        let left = descendants(me);
+        if left.is_empty() || Instant::now() >= deadline {
+            return found.len();
+        }
+        for (pid, started) in left {
+            found.insert(pid);
+            signal_pinned(pid, started, libc::SIGKILL);
+        }
+        std::thread::sleep(KILL_ROUND);
+    }
+}
+
+/// One line of `/proc/PID/stat`: (state, ppid, start time in clock ticks after boot).
+fn stat(pid: libc::pid_t) -> Option<(u8, libc::pid_t, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything: parse after the last ')'.
+    let mut fields = text.get(text.rfind(')')? + 1..)?.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    let ppid = fields.next()?.parse().ok()?;
+    // Fields 3 and 4 were state and ppid; start time is field 22.
+    let started = fields.nth(17)?.parse().ok()?;
+    Some((state, ppid, started))
+}
+
+/// The live (not zombie) processes whose parent chain leads to `root`, with their start times.
+fn descendants(root: libc::pid_t) -> Vec<(libc::pid_t, u64)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut processes = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<libc::pid_t>().ok()) else { continue };
+        if let Some((state, ppid, started)) = stat(pid) {
+            processes.push((pid, ppid, state, started));
+        }
+    }
+    let mut tree = vec![root];
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        for &(pid, ppid, state, started) in &processes {
+            if ppid == parent && !tree.contains(&pid) {
+                tree.push(pid);
+                if state != b'Z' {
+                    found.push((pid, started));
+                }
+            }
+        }
+        i += 1;
+    }
+    found
+}
+
+/// `signal` to `pid` if it is still the process that started at `started`: pinned by a pidfd
+/// first, so a pid recycled since the walk is not hit.
+fn signal_pinned(pid: libc::pid_t, started: u64, signal: i32) {
+    // SAFETY: pidfd_open and pidfd_send_signal have no memory effects (the siginfo pointer is
+    // null); the pidfd is closed by OwnedFd.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as RawFd;
+        if fd < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                // Before Linux 5.3: no pinning; the start-time check still narrows the window.
+                if stat(pid).is_some_and(|(_, _, now)| now == started) {
+                    libc::kill(pid, signal);
+                }
+            }
+            return;
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        if stat(pid).is_some_and(|(_, _, now)| now == started) {
+            libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_own_stat_parses() {
+        // SAFETY: getpid/getppid have no memory effects.
+        let (me, parent) = unsafe { (libc::getpid(), libc::getppid()) };
+        let (state, ppid, started) = stat(me).expect("our stat");
+        assert_eq!(ppid, parent);
+        assert!(state == b'R' || state == b'S', "{}", state as char);
+        assert!(started > 0);
+        assert!(descendants(parent).iter().any(|&(pid, _)| pid == me));
+    }
+}
