@@ -101,10 +101,16 @@ async fn curator_and_zk_recipes_share_a_lock() {
         .await;
     let participants = ours.participants().await.unwrap();
     assert!(participants[1].path.contains("/_c_") && participants[1].path.contains("-lock-"), "{participants:?}");
-    let next = InterProcessMutex::new(client().await, &path).unwrap();
+    let curator_node = participants[1].path.clone();
+    let next_client = client().await;
+    let next = InterProcessMutex::new(next_client.clone(), &path).unwrap();
     let waiter = tokio::spawn(async move {
         let guard = next.acquire().await.unwrap();
-        (Instant::now(), guard)
+        let granted = Instant::now();
+        // Read on the granted session, so ordered after whatever granted us: Curator's node
+        // must already be gone (no overlap at all, not merely a late grant).
+        let curator_node_at_grant = next_client.check_stat(&curator_node).await.unwrap();
+        (granted, curator_node_at_grant, guard)
     });
     eventually(Duration::from_secs(10), "ours queued behind Curator", || async {
         ours.participants().await.unwrap().len() == 3
@@ -112,9 +118,13 @@ async fn curator_and_zk_recipes_share_a_lock() {
     .await;
     held.release().await.unwrap();
     let curator_acquired = curator.expect("ACQUIRED").await;
-    let (granted, guard) = tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("granted").unwrap();
+    let (granted, curator_node_at_grant, guard) =
+        tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("granted").unwrap();
+    assert!(curator_node_at_grant.is_none(), "granted while Curator's node still existed: {curator_node_at_grant:?}");
+    // And in time: not before Curator's hold was over (its ACQUIRED line is read a little after it
+    // was printed, so the documented scheduling slack is allowed, no more).
     assert!(
-        granted.duration_since(curator_acquired) >= hold - Duration::from_millis(500),
+        granted.duration_since(curator_acquired) + SCHED_SLACK >= hold,
         "granted {:?} after Curator acquired, while Curator holds for {hold:?}",
         granted.duration_since(curator_acquired)
     );

@@ -28,6 +28,7 @@ fn requests_during(before: &BTreeMap<i32, u64>, after: &BTreeMap<i32, u64>) -> B
         op::GET_CHILDREN | op::GET_CHILDREN2 => "getChildren",
         op::REMOVE_WATCHES => "removeWatches",
         op::MULTI => "multi",
+        op::SYNC => "sync",
         _ => "other",
     };
     let mut by_name = BTreeMap::new();
@@ -47,6 +48,14 @@ async fn total_watches() -> usize {
         .find_map(|line| line.strip_prefix("Total watches:").map(|v| v.trim().parse::<usize>()))
         .expect("Total watches in wchs")
         .expect("a number")
+}
+
+/// How many sessions watch `path`, from the server's `wchp` (watches by path).
+async fn watchers_of(path: &str) -> usize {
+    let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");
+    let mut lines = wchp.lines().skip_while(|line| line.trim() != path);
+    lines.next();
+    lines.take_while(|line| line.starts_with(char::is_whitespace)).count()
 }
 
 /// Serialises the tests of this binary (they measure process-wide numbers).
@@ -130,7 +139,9 @@ async fn drain(name: &str, waiters: usize, sessions: usize) -> Drain {
     }
     let drain = drain_start.elapsed();
     let requests = requests_during(&requests_before, &proxy.requests());
-    let total: u64 = requests.values().sum();
+    // The session monitors' heartbeats (one `sync` per session every 0.22 T, T = 30 s here) cost
+    // per session and second, not per handoff: counted separately (README, Performance).
+    let total: u64 = requests.iter().filter(|(name, _)| **name != "sync").map(|(_, count)| count).sum();
 
     assert_eq!(violations.load(Ordering::SeqCst), 0, "two holders at once");
     let grants = grants.lock().unwrap().clone();
@@ -149,14 +160,19 @@ async fn drain(name: &str, waiters: usize, sessions: usize) -> Drain {
     result
 }
 
+/// The published cost of a handoff (README Performance, BENCHMARKS.md): 1.00 request, the
+/// releasing holder's delete. Two decimals, as published: at most 0.5 % of the handoffs may
+/// cost an extra request (the rare `exists` check before a grant).
+const REQUESTS_PER_HANDOFF: f64 = 1.005;
+
 /// A woken waiter decides from the process's view of the directory instead of listing it again:
-/// a handoff costs about one request (the release's delete), not a delete plus a listing.
+/// a handoff costs one request (the release's delete), not a delete plus a listing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_waiters_drain_in_order_without_relisting() {
     let result = drain("drain-1k", 1000, 4).await;
     assert!(
-        result.requests_per_handoff < 1.5,
-        "{:.2} requests per handoff: waiters list the directory on wake-up",
+        result.requests_per_handoff <= REQUESTS_PER_HANDOFF,
+        "{:.3} requests per handoff (published: 1.00): waiters list the directory on wake-up",
         result.requests_per_handoff
     );
 }
@@ -164,7 +180,11 @@ async fn thousand_waiters_drain_in_order_without_relisting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_waiters_drain_in_order() {
     let result = drain("drain-10k", 10_000, 4).await;
-    assert!(result.requests_per_handoff < 1.5, "{:.2} requests per handoff", result.requests_per_handoff);
+    assert!(
+        result.requests_per_handoff <= REQUESTS_PER_HANDOFF,
+        "{:.3} requests per handoff (published: 1.00)",
+        result.requests_per_handoff
+    );
 }
 
 /// Other processes' nodes below us whose deletion this process never saw: a woken waiter must
@@ -236,8 +256,22 @@ async fn abandoned_predecessor_does_not_grant() {
         eventually(Duration::from_secs(10), "queued", || async { children(&observer, &path).await.len() == i + 2 })
             .await;
     }
-    // The middle waiter times out; the last one is woken but must not be granted.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The middle waiter times out and its node goes; the last one is woken by that deletion and
+    // must not be granted: it watches its new predecessor, the first waiter's node, instead. That
+    // watch is awaited on the server's watch table (`wchp`), not slept for; only then is the
+    // absence of a grant meaningful.
+    let middle = tasks.remove(1);
+    tokio::time::timeout(Duration::from_secs(10), middle).await.expect("the middle waiter gave up").unwrap();
+    eventually(Duration::from_secs(10), "the middle waiter's node is gone", || async {
+        children(&observer, &path).await.len() == 3
+    })
+    .await;
+    let first_waiter = holder.participants().await.unwrap()[1].path.clone();
+    // Its own session's watch on it, and the last waiter's.
+    eventually(Duration::from_secs(10), "the last waiter watches the first waiter's node", || async {
+        watchers_of(&first_waiter).await >= 2
+    })
+    .await;
     assert_eq!(children(&observer, &path).await.len(), 3);
     assert!(order.lock().unwrap().is_empty(), "granted while the holder holds the lock");
     held.release().await.unwrap();

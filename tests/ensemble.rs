@@ -37,16 +37,6 @@ async fn counter_value(client: &zk::Client, path: &str) -> u64 {
     String::from_utf8_lossy(&client.get_data(path).await.unwrap().0).parse().unwrap()
 }
 
-/// Waits until server `i` is a follower again after a heal.
-async fn rejoined(ensemble: &Ensemble, i: usize) {
-    ensemble.wait_for_quorum(Duration::from_secs(60)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(ensemble.mode(i).await.as_deref(), Some("follower" | "leader")) {
-        assert!(Instant::now() < deadline, "server {i} did not rejoin");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// What one zone-partition case measured (from the moment of the partition).
 struct ZoneCase {
     told: Duration,
@@ -96,12 +86,20 @@ async fn zone_partition_case(ensemble: &Ensemble, policy: LossPolicy, t: Duratio
     eprintln!(
         "zone partition, {policy:?}, T = {t:?}, syncLimit × tick = {:?}: holder told {reason:?} after {:?}, \
          waiter granted after {:?} (holder's state then: {state_at_grant:?})",
-        TICK * ensemble.sync_limit(),
+        ensemble.tick_time() * ensemble.sync_limit(),
         told_at - cut,
         granted_at - cut
     );
     assert!(matches!(state_at_grant, LockState::Lost(_)), "the holder still said {state_at_grant:?} at the next grant");
     assert!(told_at < granted_at, "the holder was told {:?} after the next grant", told_at - granted_at);
+    // README timing table: told ≤ 0.4 T (Suspended: heartbeats unanswered) or at the deadline,
+    // ≤ 0.6 T (SessionDeadline).
+    match policy {
+        LossPolicy::Suspended => {
+            assert_within(told_at - cut, t * 2 / 5, "README: zone partition, Suspended: told ≤ 0.4 T")
+        },
+        _ => assert_within(told_at - cut, t * 6 / 10, "README: zone partition, SessionDeadline: told ≤ 0.6 T"),
+    }
     ensemble.heal(follower).await.unwrap();
     rejoined(ensemble, follower).await;
     history.releasing(next);
@@ -113,14 +111,17 @@ async fn zone_partition_case(ensemble: &Ensemble, policy: LossPolicy, t: Duratio
 }
 
 async fn zone_partition(sync_limit: u32) {
+    zone_partition_with(TICK, sync_limit, Duration::from_secs(4)).await;
+}
+
+async fn zone_partition_with(tick: Duration, sync_limit: u32, t: Duration) {
     let _serial = SERIAL.lock().await;
     init_tracing();
-    let t = Duration::from_secs(4);
-    let ensemble = ensemble(Ensemble::builder().sync_limit(sync_limit)).await;
+    let ensemble = ensemble(Ensemble::builder().tick_time(tick).sync_limit(sync_limit)).await;
     for policy in [LossPolicy::Suspended, LossPolicy::SessionDeadline] {
         let case = zone_partition_case(&ensemble, policy, t).await;
         assert!(case.told < case.granted);
-        if policy == LossPolicy::SessionDeadline && TICK * sync_limit > t {
+        if policy == LossPolicy::SessionDeadline && tick * sync_limit > t {
             // The connection never drops: only the deadline can tell.
             assert_eq!(case.reason, LossReason::SessionDeadlinePassed);
         }
@@ -140,6 +141,16 @@ async fn zone_partition_of_a_quiet_holder_sync_limit_above_session_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zone_partition_of_a_quiet_holder_sync_limit_below_session_timeout() {
     zone_partition(4).await;
+}
+
+/// ZooKeeper's sample configuration: `tickTime` 2 s with T = 6 s — the largest tick the loss
+/// deadline's assumption (A1) allows (`tickTime ≤ T/3`), where its margins are thinnest: the leader
+/// collects a follower's session touches only every `tickTime/2` = 1 s, and `syncLimit × tickTime`
+/// (the sample's 5 ticks, 10 s) is far above T, so the cut-off follower keeps answering the
+/// holder's pings and reads past the moment the leader expires the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zone_partition_of_a_quiet_holder_tick_time_at_a_third_of_the_session_timeout() {
+    zone_partition_with(Duration::from_secs(2), 5, Duration::from_secs(6)).await;
 }
 
 /// Workers on separate sessions hand the lock around; the leader is killed in the middle. No two
@@ -175,6 +186,9 @@ async fn leader_killed_during_a_stream_of_handoffs() {
                     Err(err) => eprintln!("{who}: acquire failed: {err}"),
                 }
             }
+            // The worker's session stays open until the "no node left" check: closing it would
+            // delete its nodes whether or not our cleanup did.
+            client
         }));
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -187,8 +201,9 @@ async fn leader_killed_during_a_stream_of_handoffs() {
     ensemble.start_server(leader).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
+    let mut clients = Vec::new();
     for worker in workers {
-        tokio::time::timeout(t * 4, worker).await.expect("worker stops").unwrap();
+        clients.push(tokio::time::timeout(t * 4, worker).await.expect("worker stops").unwrap());
     }
     let value = counter_value(&admin, &counter).await;
     let summary = history.check(Some(value));
@@ -198,7 +213,9 @@ async fn leader_killed_during_a_stream_of_handoffs() {
     );
     assert!(before > 5, "handoffs before the kill: {before}");
     assert!(after_kill > 5, "the queue stopped draining after the leader was killed ({after_kill} grants)");
-    assert_no_nodes_left(&admin, &path).await;
+    // No node left while every worker's session is still open: released, dropped and cancelled
+    // acquires were cleaned up by us, not by the server ending the sessions.
+    assert_no_nodes_left_while_open(&admin, &path, &clients, t).await;
 }
 
 /// Holds the lock for a moment: a fenced increment, unless the lock is lost first.

@@ -3,18 +3,16 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use zk_recipes::{Error, FencedWriteError, InterProcessMutex, LockState, LossPolicy, LossReason};
 use zookeeper_client as zk;
 
-/// README "Clear errors, no panics": bad input gives a clear error. A node_data over the server's
-/// 1 MB jute.maxbuffer makes the server drop the connection; the engine treats that as an
-/// unknown create outcome and retries forever, dropping the session's connection each time —
-/// which, under the default LossPolicy::Suspended, loses every other lock held on that client.
+/// README "Clear errors, no panics": node data over the server's request limit is
+/// `Error::TooLarge` at build time — nothing is sent, so no other hold on the client is harmed.
+/// (Sent, such a create makes the server drop the session's connection, which under the default
+/// `LossPolicy::Suspended` loses every other lock held on that client.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_node_data_is_a_clear_error_and_harms_no_other_hold() {
     init_tracing();
@@ -22,51 +20,20 @@ async fn oversized_node_data_is_a_clear_error_and_harms_no_other_hold() {
     let other = InterProcessMutex::new(client.clone(), unique_path("big-other")).unwrap();
     let held = other.acquire().await.unwrap();
     assert_eq!(held.state(), LockState::Held);
-    // A clear error at build time (nothing sent, nothing harmed) is the best outcome.
-    let big =
-        match InterProcessMutex::builder(client.clone(), unique_path("big")).node_data(vec![b'x'; 1_100_000]).build() {
-            Ok(big) => big,
-            Err(err) => {
-                eprintln!("rejected at build: {err}");
-                assert!(matches!(err, Error::TooLarge { what: "node data", .. }), "{err:?}");
-                assert_eq!(held.state(), LockState::Held, "an unrelated hold on the same client was lost");
-                return;
-            },
-        };
-    let mut states = client.state_watcher();
-    let disconnects = Arc::new(AtomicUsize::new(0));
-    let counter = {
-        let disconnects = disconnects.clone();
-        tokio::spawn(async move {
-            loop {
-                if states.changed().await == zk::SessionState::Disconnected {
-                    disconnects.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        })
-    };
-    let outcome = tokio::time::timeout(Duration::from_secs(8), big.acquire()).await;
-    counter.abort();
-    let other_state = held.state();
-    let other_node_exists = client.check_stat(held.lock_path()).await.ok().flatten().is_some();
-    eprintln!(
-        "oversized node_data: acquire outcome after 8 s: {:?}; the session was disconnected {} times; \
-         the unrelated hold on the same client is now {:?} (its node still exists: {})",
-        outcome.as_ref().map(|r| r.as_ref().map(|g| g.lock_path().to_owned())),
-        disconnects.load(Ordering::SeqCst),
-        other_state,
-        other_node_exists
-    );
-    assert!(outcome.is_ok(), "acquire with 1.1 MB of node data still running after 8 s (no clear error)");
-    assert!(outcome.unwrap().is_err(), "acquire with 1.1 MB of node data cannot succeed");
-    assert_eq!(other_state, LockState::Held, "an unrelated hold on the same client was lost");
+    let built = InterProcessMutex::builder(client.clone(), unique_path("big")).node_data(vec![b'x'; 1_100_000]).build();
+    let err = built.expect_err("1.1 MB of node data must be refused at build time (README: TooLarge, at build time)");
+    assert!(matches!(err, Error::TooLarge { what: "node data", size: 1_100_000, .. }), "{err:?}");
+    assert!(err.to_string().contains("node data"), "{err}");
+    assert_eq!(held.state(), LockState::Held, "an unrelated hold on the same client was lost");
+    held.release().await.unwrap();
 }
 
-/// README "Holder told when the lock is lost": state()/lost() report a deleted node. On a tokio
-/// runtime built without timers (zookeeper-client itself runs fine there: it uses async-io), the
-/// hold's monitor task panics at once and the guard says Held forever.
+/// README "Clear errors, no panics": a tokio runtime without timers is `Error::Runtime` at
+/// acquire (zookeeper-client itself runs fine there: it uses async-io). Before the fix the hold's
+/// monitor task panicked at once and the guard said `Held` forever; no node may be left either.
+// review: hold_on_a_runtime_without_timers_reports_loss
 #[test]
-fn hold_on_a_runtime_without_timers_reports_loss() {
+fn acquire_on_a_runtime_without_timers_is_a_clear_error() {
     // The container and an admin client, on a normal runtime.
     let setup = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let (connect, admin) = setup.block_on(async {
@@ -76,52 +43,37 @@ fn hold_on_a_runtime_without_timers_reports_loss() {
     let path = unique_path("no-timers");
     // The application's runtime: IO only (a common builder configuration).
     let app = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_io().build().unwrap();
-    let (lock_path, state_after) = app.block_on(async {
+    let result = app.block_on(async {
         let client = zk::Client::connector()
             .with_session_timeout(Duration::from_secs(4))
             .connect(&connect)
             .await
             .expect("connect on a timer-less runtime");
         let mutex = InterProcessMutex::new(client, &path).unwrap();
-        // Either design is acceptable: a clear error at acquire, or loss reporting that works.
-        let guard = match mutex.acquire().await {
-            Ok(guard) => guard,
-            Err(err) => {
-                eprintln!("timer-less runtime: acquire refused with a clear error: {err}");
-                return (String::new(), LockState::Lost(LossReason::NodeDeleted));
+        match mutex.acquire().await {
+            Ok(guard) => {
+                let lock_path = guard.lock_path().to_owned();
+                std::mem::forget(guard); // dropping would spawn a cleanup that may also need timers
+                Ok(lock_path)
             },
-        };
-        assert_eq!(guard.state(), LockState::Held);
-        let lock_path = guard.lock_path().to_owned();
-        // An operator deletes our node.
-        // (zookeeper-client futures are runtime-agnostic: the admin client's session runs on `setup`.)
-        admin.delete(&lock_path, None).await.unwrap();
-        std::thread::sleep(Duration::from_secs(3));
-        let state = guard.state();
-        std::mem::forget(guard); // dropping would spawn a cleanup that may also need timers
-        (lock_path, state)
+            Err(err) => Err(err),
+        }
     });
-    // (The monitor task's panic, "timers are disabled", is printed on stderr above.)
-    eprintln!("timer-less runtime: node {lock_path} deleted 3 s ago, guard state {state_after:?}");
-    assert_eq!(state_after, LockState::Lost(LossReason::NodeDeleted), "a deleted node is reported as held");
+    assert!(matches!(result, Err(Error::Runtime { .. })), "acquire on a runtime without timers: {result:?}");
+    // Refused before anything was created.
+    let left = setup.block_on(async { children(&admin, &path).await });
+    assert!(left.is_empty(), "nodes left by a refused acquire: {left:?}");
 }
 
 /// Same root cause as the oversized node data: a lock path over the server's 1 MB request limit
-/// passes validation and makes acquire loop forever on dropped connections.
+/// is `Error::TooLarge` at build time (README), not an acquire looping on dropped connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_lock_path_is_a_clear_error() {
     let client = client().await;
     let long = format!("/zkr-tests/{}", "p".repeat(1_100_000));
-    let mutex = match InterProcessMutex::new(client.clone(), &long) {
-        Ok(mutex) => mutex,
-        Err(err) => {
-            eprintln!("rejected at build: {err}");
-            return;
-        },
-    };
-    let outcome = tokio::time::timeout(Duration::from_secs(8), mutex.acquire()).await;
-    eprintln!("1.1 MB lock path: acquire outcome after 8 s: {:?}", outcome.as_ref().map(|r| r.as_ref().map(|_| ())));
-    assert!(outcome.is_ok(), "acquire on a 1.1 MB lock path still running after 8 s (no clear error)");
+    let err = InterProcessMutex::new(client.clone(), &long)
+        .expect_err("a 1.1 MB lock path must be refused at build time (README: TooLarge, at build time)");
+    assert!(matches!(err, Error::TooLarge { what: "lock path", .. }), "{err:?}");
 }
 
 /// The lock path is an existing persistent node with data (not a container): works normally.

@@ -452,3 +452,46 @@ async fn chrooted_clients_share_the_lock_with_absolute_ones() {
     tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
     assert_no_nodes_left(&admin, &format!("{root}/locks/a")).await;
 }
+
+/// README "No leaked nodes": `release()` is cancel safe. Its future is dropped before it was
+/// polled, after one poll, and after 1 ms and 5 ms: each time the node is deleted and the next
+/// waiter granted, checked while the releasing session is still open (so it is our cleanup that
+/// deleted the node, not the server ending the session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_is_cancel_safe() {
+    init_tracing();
+    let path = unique_path("release-cancel");
+    let observer = client().await;
+    let holder_client = client().await;
+    let holder = InterProcessMutex::new(holder_client.clone(), &path).unwrap();
+    let waiter = InterProcessMutex::new(client().await, &path).unwrap();
+    for cancel_after in [None, Some(Duration::ZERO), Some(Duration::from_millis(1)), Some(Duration::from_millis(5))] {
+        let guard = holder.acquire().await.unwrap();
+        let node = guard.lock_path().to_owned();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.acquire().await.unwrap() }
+        });
+        eventually(Duration::from_secs(10), "the waiter queued", || async {
+            children(&observer, &path).await.len() == 2
+        })
+        .await;
+        let release = guard.release();
+        match cancel_after {
+            None => drop(release),
+            // A timeout polls the release once before it looks at its deadline.
+            Some(after) => {
+                let _ = tokio::time::timeout(after, release).await;
+            },
+        }
+        let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("{cancel_after:?}: the next waiter was not granted"))
+            .unwrap();
+        assert_eq!(observer.check_stat(&node).await.unwrap(), None, "{cancel_after:?}: the released node is left");
+        assert!(!holder_client.state().is_terminated(), "the releasing session must still be open");
+        assert_eq!(nodes_of_session(&observer, &path, holder_client.session_id().0).await, Vec::<String>::new());
+        next.release().await.unwrap();
+    }
+    assert_no_nodes_left(&observer, &path).await;
+}

@@ -33,12 +33,13 @@ impl Section {
     }
 }
 
-/// README: "the owner is the current tokio task ... Another task contends like another process",
-/// and "A guard may be moved to and released from any task". Task A acquires and hands the guard
-/// to task B (which now works in the critical section); A's next acquire must wait for B. It
-/// re-enters instead: A and B hold at the same time.
+/// README "Re-entrancy that cannot break exclusion": outside a `with_lock` scope every acquire
+/// queues, also the acquiring task's after it moved its guard away. Task A acquires and hands the
+/// guard to task B (which now works in the critical section); A's next acquire waits for B's
+/// release. (The review found it re-entered instead, and A and B held at the same time.)
+// review: moved_guard_and_a_new_acquire_by_the_acquiring_task_overlap
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moved_guard_and_a_new_acquire_by_the_acquiring_task_overlap() {
+async fn moved_guard_and_a_new_acquire_by_the_acquiring_task_do_not_overlap() {
     let path = unique_path("moved-reenter");
     let mutex = InterProcessMutex::new(client().await, &path).unwrap();
     let in_section = Arc::new(AtomicUsize::new(0));

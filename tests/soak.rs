@@ -2,7 +2,17 @@
 //! a random fault hits the ensemble every few seconds (leader or follower killed, a follower cut
 //! off from its peers, a server isolated or paused, a session expired). At the end the history
 //! checker (`common/history.rs`) proves that no two holders believed they held the lock at once,
-//! that fencing tokens increased, that the fenced counter is exact, and that no node is left.
+//! that fencing tokens increased, that the fenced counter is exact, and that no node is left —
+//! checked while every worker's session is still open, so a node our cleanup leaked is not hidden
+//! by the server ending the session. Also asserted:
+//! - no hung waiter: every `acquire_timeout` (and every cancelled acquire) returns by its
+//!   patience plus `SCHED_SLACK` (README: `acquire_timeout` returns `Ok(None)` at its timeout,
+//!   also without a session), every `try_acquire` within [`try_acquire_bound`] (2 T); so the
+//!   longest wait for a grant is at most the longest patience (3 s) plus `SCHED_SLACK`;
+//! - when a fault hit a holder (a `Suspended`-policy holder on the faulted server, with at least
+//!   0.4 T + `SCHED_SLACK` of its hold left), at least one hold was told a real loss — not a
+//!   revocation — before the next grant (the injector aims at such holders when it can);
+//! - a session the test closed counts as revoked only if the close took effect.
 //!
 //! `ZK_SOAK_SECS` sets the duration (default 60 s; `ZK_SOAK_SECS=600 cargo test --test soak --
 //! --nocapture` for the long run). Prints a summary line starting with `soak:`.
@@ -11,6 +21,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,12 +29,31 @@ use std::time::Duration;
 use common::history::History;
 use common::*;
 use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use zk_recipes::{Error, InterProcessMutex, LossPolicy};
 use zk_testcontainers::{expire_session, Ensemble};
 use zookeeper_client as zk;
 
 const SESSIONS: usize = 16;
+
+/// The longest patience of an acquire in the soak.
+const MAX_PATIENCE: Duration = Duration::from_millis(3000);
+
+/// `try_acquire` has no timeout of its own: its requests wait while the session has no
+/// connection, which the client library gives up on after 1.4 T (then `SessionLost`). An election
+/// after a leader kill takes a few seconds more on this machine; 2 T (8 s) covers both.
+fn try_acquire_bound(t: Duration) -> Duration {
+    t * 2
+}
+
+/// A holder a fault may hit: where its hold is, until when, under which policy.
+#[derive(Clone, Copy)]
+struct Holding {
+    session: i64,
+    policy: LossPolicy,
+    until: Instant,
+}
 
 fn soak_duration() -> Duration {
     let secs = std::env::var("ZK_SOAK_SECS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(60);
@@ -39,9 +69,16 @@ struct Soak {
     stop: AtomicBool,
     t: Duration,
     max_wait_ms: AtomicU64,
-    /// The current client of each worker (for session expiry).
+    /// The current client of each worker (for session expiry, and kept open until the final
+    /// "no node left" check).
     clients: Mutex<Vec<Option<zk::Client>>>,
     errors: Mutex<BTreeMap<String, usize>>,
+    /// The current hold of each worker, if any.
+    holding: Mutex<Vec<Option<Holding>>>,
+    /// Acquires that ran past their bound (hung waiters), described.
+    overruns: Mutex<Vec<String>>,
+    /// Faults that hit a holder (see the module docs).
+    hits: AtomicUsize,
 }
 
 impl Soak {
@@ -69,29 +106,55 @@ async fn worker(soak: Arc<Soak>, w: usize) {
     while !soak.stop.load(Ordering::SeqCst) {
         let (action, patience, hold_for) = {
             let mut rng = rand::rng();
-            // Most holds are short; one in ten lasts long enough (0.5–3 s) for faults to hit it
+            // Most holds are short; one in ten lasts long enough (1–5 s) for faults to hit it
             // while it holds, so losses are told and checked too.
-            let hold_for =
-                if rng.random_range(0..10u32) == 0 { rng.random_range(500..3000) } else { rng.random_range(0..150u64) };
-            (rng.random_range(0..10u32), Duration::from_millis(rng.random_range(50..3000)), hold_for)
+            let hold_for = if rng.random_range(0..10u32) == 0 {
+                rng.random_range(1000..5000)
+            } else {
+                rng.random_range(0..150u64)
+            };
+            (
+                rng.random_range(0..10u32),
+                Duration::from_millis(rng.random_range(50..MAX_PATIENCE.as_millis() as u64)),
+                hold_for,
+            )
         };
         let started = Instant::now();
-        let outcome = match action {
+        let (outcome, bound) = match action {
             // try_acquire
-            0 => mutex.try_acquire().await,
+            0 => (mutex.try_acquire().await, try_acquire_bound(soak.t)),
             // cancelled: the future is dropped after a random time
-            1 | 2 => match tokio::time::timeout(patience, mutex.acquire()).await {
-                Ok(result) => result.map(Some),
-                Err(_) => Ok(None),
-            },
+            1 | 2 => (
+                match tokio::time::timeout(patience, mutex.acquire()).await {
+                    Ok(result) => result.map(Some),
+                    Err(_) => Ok(None),
+                },
+                patience + SCHED_SLACK,
+            ),
             // acquire with a timeout
-            _ => mutex.acquire_timeout(patience).await,
+            _ => (mutex.acquire_timeout(patience).await, patience + SCHED_SLACK),
         };
+        let took = started.elapsed();
+        if took > bound {
+            let what = match &outcome {
+                Ok(Some(_)) => "granted".to_owned(),
+                Ok(None) => "not granted".to_owned(),
+                Err(err) => format!("{err}"),
+            };
+            soak.overruns.lock().unwrap().push(format!(
+                "{who}: action {action} (patience {patience:?}) returned after {took:?} > {bound:?}: {what}"
+            ));
+        }
         match outcome {
             Ok(Some(guard)) => {
-                let waited = started.elapsed().as_millis() as u64;
+                let waited = took.as_millis() as u64;
                 soak.max_wait_ms.fetch_max(waited, Ordering::Relaxed);
                 let index = soak.history.granted(&who, &guard);
+                soak.holding.lock().unwrap()[w] = Some(Holding {
+                    session: client.session_id().0,
+                    policy,
+                    until: Instant::now() + Duration::from_millis(hold_for),
+                });
                 tokio::select! {
                     reason = guard.lost() => soak.history.lost(index, reason),
                     _ = async {
@@ -99,6 +162,7 @@ async fn worker(soak: Arc<Soak>, w: usize) {
                         tokio::time::sleep(Duration::from_millis(hold_for)).await;
                     } => soak.history.releasing(index),
                 }
+                soak.holding.lock().unwrap()[w] = None;
                 if hold_for % 2 == 0 {
                     let _ = tokio::time::timeout(soak.t * 2, guard.release()).await;
                 } else {
@@ -118,6 +182,49 @@ async fn worker(soak: Arc<Soak>, w: usize) {
             },
         }
     }
+    // A session closed by the injector at the very end: a live one for the final check.
+    if client.state().is_terminated() {
+        soak.clients.lock().unwrap()[w] = Some(connect(soak.clone()).await);
+    }
+}
+
+/// The session ids connected to server `addr` (its `cons` four-letter word).
+async fn sessions_on(addr: &str) -> Vec<i64> {
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(b"cons").await.ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        Some(text)
+    };
+    let Ok(Some(text)) = tokio::time::timeout(Duration::from_secs(2), read).await else { return Vec::new() };
+    text.split("sid=0x")
+        .skip(1)
+        .filter_map(|rest| i64::from_str_radix(rest.split(|c: char| !c.is_ascii_hexdigit()).next()?, 16).ok())
+        .collect()
+}
+
+/// A `Suspended` holder with at least 0.4 T + `SCHED_SLACK` (+ `margin`) of its hold left, and the
+/// server its session is on: a fault on that server must tell it before its hold ends.
+async fn hittable_holder(soak: &Soak, margin: Duration) -> Option<(usize, Holding)> {
+    let need = soak.t * 2 / 5 + SCHED_SLACK + margin;
+    let candidates: Vec<Holding> = soak
+        .holding
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .filter(|h| h.policy == LossPolicy::Suspended && h.until > Instant::now() + need)
+        .copied()
+        .collect();
+    for holding in candidates {
+        for server in 0..soak.ensemble.len() {
+            if sessions_on(soak.ensemble.server_addr(server)).await.contains(&holding.session) {
+                return (holding.until > Instant::now() + need).then_some((server, holding));
+            }
+        }
+    }
+    None
 }
 
 /// Injects one random fault every few seconds, healing each before the next.
@@ -136,7 +243,41 @@ async fn faults(soak: Arc<Soak>, until: Instant) -> BTreeMap<&'static str, usize
         };
         tokio::time::sleep(settle).await;
         let Ok(leader) = ensemble.leader().await else { continue };
-        let follower = (leader + 1) % ensemble.len();
+        let mut follower = (leader + 1) % ensemble.len();
+        let mut kind = kind;
+        // Aim at a holder when there is one (waiting for one up to 2 s, up to 20 s for the first
+        // fault, so the loss path is exercised in every run): its server is the one faulted.
+        let margin = Duration::from_millis(300);
+        let mut target = hittable_holder(&soak, margin).await;
+        {
+            let wait = if counts.is_empty() { Duration::from_secs(20) } else { Duration::from_secs(2) };
+            let deadline = Instant::now() + wait;
+            while target.is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                target = hittable_holder(&soak, margin).await;
+            }
+        }
+        if let Some((server, _)) = target {
+            if server == leader {
+                kind = 0;
+            } else {
+                follower = server;
+                kind = kind.clamp(1, 4);
+            }
+        }
+        // Whether the fault (all kinds but the session expiry) lands on a holder that must be told.
+        let hit = kind < 5 && {
+            let faulted = if kind == 0 { leader } else { follower };
+            match target {
+                Some((server, holding)) => {
+                    server == faulted && holding.until > Instant::now() + soak.t * 2 / 5 + SCHED_SLACK
+                },
+                None => false,
+            }
+        };
+        if hit {
+            soak.hits.fetch_add(1, Ordering::Relaxed);
+        }
         let name = match kind {
             0 => {
                 ensemble.kill(leader).await.unwrap();
@@ -171,10 +312,23 @@ async fn faults(soak: Arc<Soak>, until: Instant) -> BTreeMap<&'static str, usize
             _ => {
                 let client = soak.clients.lock().unwrap()[victim].clone();
                 if let Some(client) = client {
-                    // A close the server acts on at once: the victim's holds end now (see
-                    // `History::revoked`).
-                    soak.history.revoked(&format!("session-{victim}"));
-                    let _ = expire_session(ensemble.server_addr(leader), &client).await;
+                    // A close the server acts on at once: the victim's holds end when it was
+                    // started (see `History::revoked`) — if it took effect. A failed close may
+                    // still have been applied (its reply lost): then the client is told Expired.
+                    let at = Instant::now();
+                    let closed = match expire_session(ensemble.server_addr(leader), &client).await {
+                        Ok(()) => true,
+                        Err(_) => {
+                            let deadline = Instant::now() + soak.t * 2;
+                            while !client.state().is_terminated() && Instant::now() < deadline {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                            client.state() == zk::SessionState::Expired
+                        },
+                    };
+                    if closed {
+                        soak.history.revoked_since(&format!("session-{victim}"), at);
+                    }
                 }
                 "session expired"
             },
@@ -207,6 +361,9 @@ async fn soak() {
         max_wait_ms: AtomicU64::new(0),
         clients: Mutex::new(vec![None; SESSIONS]),
         errors: Mutex::new(BTreeMap::new()),
+        holding: Mutex::new(vec![None; SESSIONS]),
+        overruns: Mutex::new(Vec::new()),
+        hits: AtomicUsize::new(0),
     });
     let started = Instant::now();
     let until = started + duration;
@@ -223,21 +380,34 @@ async fn soak() {
     admin.sync(&soak.counter).await.unwrap();
     let value: u64 = String::from_utf8_lossy(&admin.get_data(&soak.counter).await.unwrap().0).parse().unwrap();
     let summary = soak.history.check(Some(value));
-    // Every session's nodes go, at the latest when their sessions end.
-    soak.clients.lock().unwrap().clear();
-    eventually(t * 3, "no lock nodes left", || async { children(&admin, &soak.path).await.is_empty() }).await;
+    // No node left, while every worker's session is still open (the README: cleanup retries until
+    // the node is gone or the session is dead; T for the retries after the ensemble healed).
+    let open: Vec<zk::Client> = soak.clients.lock().unwrap().iter().flatten().cloned().collect();
+    assert_eq!(open.len(), SESSIONS);
+    assert_no_nodes_left_while_open(&admin, &soak.path, &open, t).await;
+    let hits = soak.hits.load(Ordering::Relaxed);
+    let max_wait = Duration::from_millis(soak.max_wait_ms.load(Ordering::Relaxed));
     // Straight to stderr, past the test harness's capture: the summary shows in CI's log too.
     let _ = writeln!(
         std::io::stderr(),
-        "soak: {:?} with {SESSIONS} sessions: {} grants, {} fenced writes (counter {value}), losses {:?}, faults {:?}, \
-         errors {:?}, max wait {} ms",
+        "soak: {:?} with {SESSIONS} sessions: {} grants, {} fenced writes (counter {value}), losses {:?} ({} told, \
+         not revoked), faults {:?} ({hits} hit a holder), errors {:?}, max wait {max_wait:?}",
         started.elapsed(),
         summary.grants,
         summary.fenced_writes,
         summary.losses,
+        summary.told_losses,
         faults,
         soak.errors.lock().unwrap(),
-        soak.max_wait_ms.load(Ordering::Relaxed)
     );
+    drop(open);
     assert!(summary.grants > 0, "nothing was granted");
+    let overruns = soak.overruns.lock().unwrap().clone();
+    assert!(overruns.is_empty(), "hung waiters (past patience + SCHED_SLACK, or try_acquire past 2 T):\n{overruns:#?}");
+    assert!(max_wait <= MAX_PATIENCE + SCHED_SLACK, "max wait {max_wait:?} > {MAX_PATIENCE:?} + SCHED_SLACK");
+    assert!(hits > 0, "no fault hit a holder: the loss path was not exercised (faults {faults:?})");
+    assert!(
+        summary.told_losses > 0,
+        "{hits} faults hit a holder, but no hold was told a loss (not a revocation) before the next grant"
+    );
 }

@@ -57,7 +57,11 @@ pub struct History {
 #[derive(Debug, Default)]
 pub struct Summary {
     pub grants: usize,
+    /// Holds told they lost the lock, by reason (revoked ones included).
     pub losses: BTreeMap<String, usize>,
+    /// Holds told a loss before any revocation of their session: real losses, told by the
+    /// library (the overlap check has already proved each was told before the next grant).
+    pub told_losses: usize,
     pub fenced_writes: u64,
     pub fenced_unknown: u64,
 }
@@ -77,7 +81,13 @@ impl History {
     /// The test is about to close `who`'s session itself (call before `expire_session`): its
     /// holds are revoked from now on (see the module docs).
     pub fn revoked(&self, who: &str) {
-        self.revocations.lock().unwrap().push((who.to_owned(), Instant::now()));
+        self.revoked_since(who, Instant::now());
+    }
+
+    /// The test closed `who`'s session itself, starting at `at` (record it only once the close
+    /// is known to have taken effect: a failed close revokes nothing).
+    pub fn revoked_since(&self, who: &str, at: Instant) {
+        self.revocations.lock().unwrap().push((who.to_owned(), at));
     }
 
     /// Records a grant; returns the hold's index.
@@ -179,11 +189,15 @@ impl History {
             );
         }
         let mut losses = BTreeMap::new();
+        let mut told_losses = 0;
         for hold in &holds {
-            if let Some((_, Some(reason))) = hold.ended {
+            if let Some((told, Some(reason))) = hold.ended {
                 *losses.entry(format!("{reason:?}")).or_default() += 1;
+                if end(hold) == Some(told) {
+                    told_losses += 1;
+                }
             }
         }
-        Summary { grants: holds.len(), losses, fenced_writes, fenced_unknown }
+        Summary { grants: holds.len(), losses, told_losses, fenced_writes, fenced_unknown }
     }
 }

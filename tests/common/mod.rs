@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use zk_testcontainers::ZooKeeper;
+pub use zk_testcontainers::SCHED_SLACK;
 use zookeeper_client as zk;
 
 /// The test binary's ZooKeeper server (started once per process).
@@ -60,6 +61,37 @@ pub async fn assert_no_nodes_left(client: &zk::Client, path: &str) {
     .await;
 }
 
+/// "No node left" checked while the sessions that queued and held are still open, so that a
+/// node our cleanup leaked cannot be hidden by the server deleting a closed session's ephemeral
+/// nodes. Cleanup runs in the background and retries until the node is gone (README, No leaked
+/// nodes): the nodes get `limit` to go. Every session must still be alive afterwards.
+pub async fn assert_no_nodes_left_while_open(observer: &zk::Client, path: &str, open: &[zk::Client], limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let left = children(observer, path).await;
+        if left.is_empty() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let mut owners = Vec::new();
+            for child in &left {
+                let owner =
+                    observer.check_stat(&format!("{path}/{child}")).await.ok().flatten().map(|s| s.ephemeral_owner);
+                owners.push(format!("{child} (session {:#x})", owner.unwrap_or(0)));
+            }
+            panic!("lock nodes left under {path} after {limit:?} while their sessions are open: {owners:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for client in open {
+        assert!(
+            !client.state().is_terminated(),
+            "session {:#x} ended before the check: its nodes may have gone with it",
+            client.session_id().0
+        );
+    }
+}
+
 /// Everything `tracing` logs on this thread while its guard lives, every target, up to a level:
 /// for tests that check what is (not) logged. Run the code under test on a current-thread
 /// runtime, so every task logs on this thread.
@@ -95,6 +127,37 @@ impl std::io::Write for LogCapture {
     }
 }
 
+/// Asserts that `elapsed` is within `bound` (a number the README publishes) plus the documented
+/// [`SCHED_SLACK`], naming the README's claim on failure.
+#[track_caller]
+pub fn assert_within(elapsed: Duration, bound: Duration, claim: &str) {
+    assert!(
+        elapsed <= bound + SCHED_SLACK,
+        "{claim}: took {elapsed:?}, bound {bound:?} + SCHED_SLACK {SCHED_SLACK:?} (load: {})",
+        load_average()
+    );
+}
+
+/// The 1-minute load average (for failure messages: the bound may be rerun once above 3).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().next().unwrap_or("?").to_owned())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// The children of `path` that are lock nodes of the given session (its `ephemeral_owner`).
+pub async fn nodes_of_session(observer: &zk::Client, path: &str, session: i64) -> Vec<String> {
+    let mut owned = Vec::new();
+    for child in children(observer, path).await {
+        if let Ok(Some(stat)) = observer.check_stat(&format!("{path}/{child}")).await {
+            if stat.ephemeral_owner == session {
+                owned.push(child);
+            }
+        }
+    }
+    owned
+}
+
 /// Installs a tracing subscriber once (RUST_LOG controls it).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -103,6 +166,16 @@ pub fn init_tracing() {
         .try_init();
 }
 pub mod history;
+
+/// Waits until server `i` of `ensemble` serves as a follower (or leader) again after a heal.
+pub async fn rejoined(ensemble: &zk_testcontainers::Ensemble, i: usize) {
+    ensemble.wait_for_quorum(Duration::from_secs(60)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(ensemble.mode(i).await.as_deref(), Some("follower" | "leader")) {
+        assert!(Instant::now() < deadline, "server {i} did not rejoin");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// A 3-server ensemble for this test (Docker required in CI: REQUIRE_DOCKER=1).
 pub async fn ensemble(builder: zk_testcontainers::EnsembleBuilder) -> zk_testcontainers::Ensemble {

@@ -1,0 +1,148 @@
+//! Review reproduction (`shared/review/review_timeout.rs`): `Client::session_timeout()` is a
+//! snapshot taken at the first connect. A later server may negotiate a smaller timeout on
+//! reconnection (a different `maxSessionTimeout`/`tickTime`, e.g. during a rolling configuration
+//! change); the leader then expires the session after the smaller timeout.
+//!
+//! Run under the configuration the README recommends for servers whose limits differ: the holder
+//! states the smallest timeout any server may negotiate (`MutexBuilder::min_session_timeout`, here
+//! server B's `maxSessionTimeout`, 2 s), and the session monitor counts with it — so the holder is
+//! told before the next grant although the client asked for 10 s and first got 10 s.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::history::History;
+use common::*;
+use tokio::time::Instant;
+use zk_recipes::{InterProcessMutex, LossPolicy};
+use zk_testcontainers::Ensemble;
+use zookeeper_client as zk;
+
+async fn connected_to(ensemble: &Ensemble, i: usize, client: &zk::Client) -> bool {
+    let id = format!("{:x}", client.session_id().0);
+    match ensemble.four_letter_word(i, "cons").await {
+        Ok(text) => text.contains(&format!("sid=0x{id}")),
+        Err(_) => false,
+    }
+}
+
+async fn case(policy: LossPolicy) {
+    init_tracing();
+    let t = Duration::from_secs(10);
+    // Server B (index 1) negotiates at most 2 s; the others up to 60 s.
+    let b = 1;
+    let ensemble = ensemble(Ensemble::builder().sync_limit(10).server_extra(b, "maxSessionTimeout=2000")).await;
+    let mut leader = ensemble.leader().await.unwrap();
+    if leader == b {
+        ensemble.kill(b).await.unwrap();
+        ensemble.start_server(b).await.unwrap();
+        leader = ensemble.leader().await.unwrap();
+    }
+    let a = 3 - leader - b;
+    eprintln!("leader {leader}, A {a} (max 60 s), B {b} (max 2 s)");
+    // First connect to A (B unreachable), so the client negotiates T = 10 s.
+    ensemble.isolate(b).await.unwrap();
+    let connect = format!("{},{}", ensemble.server_addr(a), ensemble.server_addr(b));
+    let holder_client = zk::Client::connector().with_session_timeout(t).connect(&connect).await.unwrap();
+    assert!(connected_to(&ensemble, a, &holder_client).await);
+    ensemble.heal(b).await.unwrap();
+    rejoined(&ensemble, b).await;
+    // Move the client to B: cut A off from everyone until the client is on B.
+    ensemble.isolate(a).await.unwrap();
+    let moved = Instant::now();
+    while !connected_to(&ensemble, b, &holder_client).await {
+        assert!(moved.elapsed() < Duration::from_secs(30), "client did not move to B");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "client on B after {:?}; client.session_timeout() still says {:?}; B's cons: {}",
+        moved.elapsed(),
+        holder_client.session_timeout(),
+        ensemble
+            .four_letter_word(b, "cons")
+            .await
+            .unwrap()
+            .lines()
+            .find(|l| l.contains(&format!("{:x}", holder_client.session_id().0)))
+            .unwrap_or("")
+    );
+    ensemble.heal(a).await.unwrap();
+    rejoined(&ensemble, a).await;
+    assert!(connected_to(&ensemble, b, &holder_client).await, "client left B");
+
+    let path = unique_path("renegotiated");
+    let history = Arc::new(History::new(&path));
+    // The smallest timeout any server of this ensemble negotiates for a 10 s request: B's 2 s.
+    let holder = InterProcessMutex::builder(holder_client, &path)
+        .loss_policy(policy)
+        .min_session_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let guard = Arc::new(holder.acquire().await.unwrap());
+    let held = history.granted("holder", &guard);
+    let waiter_client = ensemble.client_of(leader, t).await.unwrap();
+    let observer = waiter_client.clone();
+    let waiter = InterProcessMutex::new(waiter_client, &path).unwrap();
+    let waiting = {
+        let guard = guard.clone();
+        let history = history.clone();
+        tokio::spawn(async move {
+            let granted = waiter.acquire().await.unwrap();
+            let at = Instant::now();
+            let state = guard.state();
+            let next = history.granted("waiter", &granted);
+            (at, state, granted, next)
+        })
+    };
+    eventually(Duration::from_secs(10), "the waiter queued", || async { children(&observer, &path).await.len() == 2 })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cut = Instant::now();
+    ensemble.partition_from_peers(b).await.unwrap();
+    let (told, granted) = tokio::join!(
+        async {
+            let reason = match tokio::time::timeout(t * 3, guard.lost()).await {
+                Ok(reason) => reason,
+                Err(_) => {
+                    eprintln!("holder NOT told within 3 T; its state: {:?}", guard.state());
+                    zk_recipes::LossReason::MonitorStopped
+                },
+            };
+            history.lost(held, reason);
+            (Instant::now(), reason)
+        },
+        async {
+            let r = tokio::time::timeout(t * 5, waiting).await.expect("the waiter is granted").unwrap();
+            eprintln!("waiter granted after {:?}, holder's state then: {:?}", r.0 - cut, r.1);
+            r
+        }
+    );
+    let ((told_at, reason), (granted_at, state_at_grant, waiter_guard, next)) = (told, granted);
+    eprintln!(
+        "renegotiated timeout, {policy:?}: holder told {reason:?} after {:?}; waiter granted after {:?}; holder's state at the grant: {state_at_grant:?}",
+        told_at - cut,
+        granted_at - cut
+    );
+    history.releasing(next);
+    ensemble.heal(b).await.unwrap();
+    waiter_guard.release().await.unwrap();
+    assert!(told_at < granted_at, "holder told {:?} AFTER the next grant", told_at - granted_at);
+    history.check(None);
+}
+
+/// One ensemble at a time (three JVMs each on a 2-core machine).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renegotiated_timeout_session_deadline() {
+    let _serial = SERIAL.lock().await;
+    case(LossPolicy::SessionDeadline).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renegotiated_timeout_suspended() {
+    let _serial = SERIAL.lock().await;
+    case(LossPolicy::Suspended).await;
+}
