@@ -125,7 +125,7 @@ pub enum Error {
     /// A write fenced by a lock failed ([`FencedWriter::commit`](crate::FencedWriter::commit)), so
     /// `?` works on it in a function returning [`Result`].
     #[error(transparent)]
-    FencedWrite(#[from] crate::fenced::FencedWriteError),
+    FencedWrite(#[from] FencedWriteError),
 
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
@@ -171,4 +171,42 @@ pub(crate) fn transient(err: &zk::Error) -> bool {
 /// Whether `err` means the session is dead for good (its ephemeral nodes are or will be gone).
 pub(crate) fn session_dead(err: &zk::Error) -> bool {
     matches!(err, zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed)
+}
+
+/// Why a [`FencedWriter::commit`](crate::FencedWriter::commit) failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum FencedWriteError {
+    /// Nothing was written: our lock node is gone (the session expired, or someone deleted it),
+    /// the session is dead, or this process already knows the lock is lost
+    /// ([`LockGuard::state`](crate::LockGuard::state) is `Lost`).
+    #[error("fenced write refused: the lock is lost, nothing was written")]
+    LockLost,
+    /// Nothing was written: the operation at `index` (counting the operations you added, from
+    /// 0) failed, e.g. a version mismatch.
+    #[error("fenced write failed at operation {index}: {source}")]
+    OperationFailed {
+        /// Index of the failing operation among those added.
+        index: usize,
+        /// What ZooKeeper reported.
+        #[source]
+        source: zk::Error,
+    },
+    /// Nothing was written: the server refused the transaction for lack of rights (ACLs) on
+    /// the operation at `index` (counting the operations you added, from 0), or on our lock
+    /// node's check when `index` is `None`. The lock is still held; check the client's auth and
+    /// the ACLs of the paths written.
+    #[error("fenced write refused by ACLs (operation {index:?}); nothing was written, the lock is still held")]
+    NoAuth {
+        /// Index of the refused operation among those added; `None` for the lock check itself.
+        index: Option<usize>,
+    },
+    /// The request failed without a verdict from the server (e.g. the connection was lost before
+    /// the reply): the transaction may or may not have been applied. Read back before retrying.
+    #[error("fenced write outcome unknown: {source}")]
+    Request {
+        /// What the client reported.
+        #[source]
+        source: zk::Error,
+    },
 }

@@ -3,33 +3,27 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-mod acl;
-mod cleanup;
-mod client;
-mod clock;
-mod driver;
-mod engine;
+// The layers, top to bottom; each module imports only from its own layer and those below it.
+mod engine; // the acquire loop (Curator's LockInternals), drivers, the directory view, naming
+mod hold; // LockGuard, FencedWriter, lock scopes: shared by every recipe
+mod recipes; // InterProcessMutex, InterProcessReadWriteLock: a driver and a thin API each
+mod session; // clients, session monitor, watches, cleanup
+             // At the bottom, used by every layer.
 mod error;
-mod fenced;
-mod guard;
-mod listing;
 mod metrics;
-mod mutex;
-mod naming;
-mod path;
-mod session;
 mod state;
-mod view;
+mod sync;
 
-pub use acl::AclList;
-pub use client::{
+pub use engine::path::validate_lock_path;
+pub use error::{Error, FencedWriteError, Result};
+pub use hold::fenced::FencedWriter;
+pub use hold::guard::{FencingToken, LockGuard, LossSignal};
+pub use recipes::builder::{LockBuilder, DEFAULT_MAX_REQUEST_BYTES};
+pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
+pub use session::acl::AclList;
+pub use session::client::{
     ConnectionState, ConnectionStateWatcher, ManagedClient, ManagedClientBuilder, RecipeClient, DEFAULT_CONNECT_TIMEOUT,
 };
-pub use error::{Error, Result};
-pub use fenced::{FencedWriteError, FencedWriter};
-pub use guard::{FencingToken, LockGuard, LossSignal};
-pub use mutex::{InterProcessMutex, MutexBuilder, Participant, DEFAULT_MAX_REQUEST_BYTES};
-pub use path::validate_lock_path;
 pub use state::{LockState, LossPolicy, LossReason};
 /// The ZooKeeper client library this crate is built on (`zookeeper-client` 0.11, feature `tokio`),
 /// re-exported so applications use the very version recipes take.

@@ -1,5 +1,5 @@
 //! What a holder knows about its lock: [`LockState`], why it was lost ([`LossReason`]), and when
-//! a disconnection counts as a loss ([`LossPolicy`]). The session monitor (`session.rs`) keeps
+//! a disconnection counts as a loss ([`LossPolicy`]). The session monitor (`session/monitor.rs`) keeps
 //! every hold's state up to date.
 
 /// Whether a lock is still held, as far as this process can tell.

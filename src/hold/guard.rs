@@ -3,11 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tracing::{info_span, Instrument};
-
 use crate::error::Result;
-use crate::fenced::FencedWriter;
-use crate::mutex::{Hold, MutexInner};
+use crate::hold::fenced::FencedWriter;
+use crate::engine::Grant;
+use crate::hold::holds::{confirm, Hold, Holds, Pin};
 use crate::state::{LockState, LossReason};
 
 /// A token that orders holders of a lock: the `czxid` (creation transaction id) of the holder's
@@ -42,8 +41,8 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// Holding a lock: returned by the acquire methods of
-/// [`InterProcessMutex`](crate::InterProcessMutex).
+/// Holding a lock: returned by the acquire methods of every lock
+/// ([`InterProcessMutex`](crate::InterProcessMutex)).
 ///
 /// Call [`release`](Self::release) to release and learn whether the lock node was deleted;
 /// dropping the guard releases in the background (the node is deleted by a task that retries
@@ -53,7 +52,7 @@ impl fmt::Display for FencingToken {
 /// stays held until then, and every acquire outside a lock scope queues behind it.
 #[must_use = "dropping the guard releases the lock"]
 pub struct LockGuard {
-    mutex: Arc<MutexInner>,
+    holds: Arc<Holds>,
     pub(crate) hold: Arc<Hold>,
     released: bool,
 }
@@ -69,8 +68,14 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(mutex: Arc<MutexInner>, hold: Arc<Hold>) -> LockGuard {
-        LockGuard { mutex, hold, released: false }
+    /// The first guard of a new hold of `holds` (see [`Holds::register`]).
+    pub(crate) fn granted(holds: &Arc<Holds>, grant: Grant, pin: Option<Pin>) -> LockGuard {
+        LockGuard { holds: holds.clone(), hold: holds.register(grant, pin), released: false }
+    }
+
+    /// Another guard of `hold` (re-entry; see [`Holds::reenter`]).
+    pub(crate) fn reentered(holds: &Arc<Holds>, hold: &Arc<Hold>) -> Result<Option<LockGuard>> {
+        Ok(holds.reenter(hold)?.then(|| LockGuard { holds: holds.clone(), hold: hold.clone(), released: false }))
     }
 
     /// Full path of our lock node, e.g. `/locks/orders/_c_<uuid>-lock-0000000007`.
@@ -93,7 +98,7 @@ impl LockGuard {
     /// [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline)) or `Lost(reason)`.
     /// `Lost` is final.
     pub fn state(&self) -> LockState {
-        self.hold.context.session.state(&self.hold.feed)
+        self.hold.state()
     }
 
     /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
@@ -112,8 +117,7 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) -> LossReason {
-        self.hold.context.session.state(&self.hold.feed);
-        self.hold.feed.lost().await
+        self.hold.lost().await
     }
 
     /// An owned, cloneable handle on this hold's loss, for a task that does not own the guard: a
@@ -144,8 +148,7 @@ impl LockGuard {
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock
     /// node still exists, so nothing is written once the lock is gone. See [`FencedWriter`].
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
-        self.hold.context.session.state(&self.hold.feed);
-        FencedWriter::new(self, self.hold.context.client())
+        FencedWriter::new(&self.hold)
     }
 
     /// Releases this guard. If it was the hold's last guard, deletes the lock node and waits
@@ -164,14 +167,8 @@ impl LockGuard {
     /// [`Error::NoAuth`]: crate::Error::NoAuth
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        let Some(node) = self.mutex.release_guard(&self.hold) else {
-            return Ok(());
-        };
-        let span = info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence);
-        match self.hold.context.cleanup.delete_node(&node) {
-            Some(task) => async { task.await.unwrap_or(Ok(())) }.instrument(span).await,
-            None => Ok(()),
-        }
+        let ended = self.holds.release_guard(&self.hold);
+        confirm(&self.hold, ended).await
     }
 }
 
@@ -196,11 +193,11 @@ impl LossSignal {
     /// Resolves once the hold is lost, with the reason (at once if it already is); never if the
     /// hold was released cleanly. Cancel safe; any number of tasks may wait.
     pub async fn lost(&self) -> LossReason {
-        if !self.is_released() {
-            // Starts the watch on our own node if nobody looked yet, as `LockGuard::lost` does.
-            self.hold.context.session.state(&self.hold.feed);
+        if self.is_released() {
+            // Released cleanly: never lost from now on (the feed says what it was told).
+            return self.hold.feed.lost().await;
         }
-        self.hold.feed.lost().await
+        self.hold.lost().await
     }
 
     /// Whether the hold is lost (re-evaluated now, like [`LockGuard::state`]).
@@ -210,11 +207,7 @@ impl LossSignal {
 
     /// Why the hold was lost, if it was.
     pub fn reason(&self) -> Option<LossReason> {
-        let state = if self.is_released() {
-            self.hold.feed.current()
-        } else {
-            self.hold.context.session.state(&self.hold.feed)
-        };
+        let state = if self.is_released() { self.hold.feed.current() } else { self.hold.state() };
         match state {
             LockState::Lost(reason) => Some(reason),
             _ => None,
@@ -232,10 +225,7 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        if let Some(node) = self.mutex.release_guard(&self.hold) {
-            let _span =
-                info_span!("release", lock_path = %self.mutex.internals.dir(), sequence = node.sequence).entered();
-            self.hold.context.cleanup.delete_node(&node);
-        }
+        // The deletions run in the background; nobody awaits them.
+        drop(self.holds.release_guard(&self.hold));
     }
 }

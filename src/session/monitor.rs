@@ -39,7 +39,7 @@
 //!   sample config's 2 s tick with a 6 s session is exactly `T/3`, leaving `0.053 T` for jitter).
 //!   *Without it* a touch we pair with may not have reached the leader yet: the evidence below is
 //!   too new, by the excess.
-//! - (A3) The local clock — monotonic time plus time spent suspended ([`crate::clock`]) — and the
+//! - (A3) The local clock — monotonic time plus time spent suspended ([`clock`](crate::session::clock)) — and the
 //!   leader's run at rates within 3 % of each other over an interval of T. *Without it* our
 //!   `0.8 T` may be longer than the leader's T.
 //! - (A4) A leader that lost its quorum stops answering syncs no later than one `tickTime`
@@ -128,7 +128,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -136,11 +136,12 @@ use tokio::time::Instant;
 use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
-use crate::cleanup::{Cleanup, Target};
-use crate::clock::Clock;
-use crate::engine::{watch_once, NodeWatch, WatchFuture, Watched};
 use crate::error::{outcome_unknown, session_dead, Error, Result};
+use crate::session::cleanup::{Cleanup, Target};
+use crate::session::clock::Clock;
+use crate::session::watch::{watch_once, NodeWatch, WatchFuture, Watched};
 use crate::state::{LockState, LossPolicy, LossReason};
+use crate::sync::lock;
 
 /// How long a hold nobody asked about goes without a watch on its own node.
 pub(crate) const OWN_NODE_WATCH_DELAY: Duration = Duration::from_millis(100);
@@ -398,13 +399,6 @@ type Registry = Mutex<HashMap<(i64, u64), Weak<Shared>>>;
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Locks a std mutex whose data every update leaves consistent at each step (single map
-/// operations, a few field writes), so that a lock poisoned by a panic elsewhere is still usable.
-/// Shared by the crate's process-wide tables (sessions, directory views, listing slots).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Session {

@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::naming::{self, LockChild};
+use crate::engine::naming::{self, LockChild};
 // Each update of the slots is a few field writes: a poisoned map is still consistent.
-use crate::session::lock;
+use crate::sync::lock;
 
 /// A listing of the lock directory: its lock nodes in queue order and the directory's stat
 /// (which identifies the directory instance).

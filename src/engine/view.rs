@@ -38,10 +38,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use zookeeper_client as zk;
 
-use crate::driver::{Decision, LockDriver};
-use crate::naming::LockChild;
+use crate::engine::driver::{Decision, LockDriver};
+use crate::engine::naming::LockChild;
 // Every update of the view is a single map operation: a panic cannot leave a half-done change.
-use crate::session::lock;
+use crate::sync::lock;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct ViewKey {
@@ -130,7 +130,7 @@ impl Drop for DirView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::StandardDriver;
+    use crate::engine::driver::StandardDriver;
 
     fn child(sequence: i64) -> LockChild {
         LockChild { name: format!("_c_x-lock-{sequence:010}"), sequence }

@@ -17,7 +17,7 @@
 //!    [`ConnectionState::Lost`], and a new session is established with backoff, through the same
 //!    connector — so with the same auth —, retrying until it succeeds; then
 //!    [`ConnectionState::NewSession`]. From then on every acquire runs on the new session; the new
-//!    session gets a monitor of its own, whose evidence starts cold (`session.rs`).
+//!    session gets a monitor of its own, whose evidence starts cold (`session/monitor.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -27,10 +27,11 @@ use tokio::sync::{broadcast, watch};
 use tracing::{error, info, warn};
 use zookeeper_client as zk;
 
-use crate::acl::AclList;
-use crate::cleanup::Cleanup;
 use crate::error::{Error, Result};
-use crate::session::{lock, Session};
+use crate::session::acl::AclList;
+use crate::session::cleanup::{retry_unknown, Cleanup};
+use crate::session::monitor::{check_runtime, Session};
+use crate::sync::lock;
 
 /// One ZooKeeper session as recipes use it: its monitor, and the cleanup that deletes our unwanted
 /// nodes through the recipe's client (with its chroot).
@@ -44,7 +45,7 @@ pub(crate) struct SessionContext {
 
 impl SessionContext {
     /// The context of `client`'s session: a plain client's (`owner` 0, shared by every plain
-    /// client of the session) or a managed client's (`owner` its id; see `session.rs`,
+    /// client of the session) or a managed client's (`owner` its id; see `session/monitor.rs`,
     /// *Identity*), whose sessions none may negotiate a timeout below `min_session_timeout`.
     pub(crate) fn new(
         client: &zk::Client,
@@ -79,7 +80,7 @@ impl SessionContext {
     }
 }
 
-/// The owner of plain clients' session monitors (see `session.rs`, *Identity*).
+/// The owner of plain clients' session monitors (see `session/monitor.rs`, *Identity*).
 const PLAIN: u64 = 0;
 
 /// The client a recipe runs on: a [`ManagedClient`] (a new session after an expiry, recipes keep
@@ -364,7 +365,7 @@ impl ManagedClientBuilder {
     /// [`Error::Connect`] naming the hosts if no session could be established in time,
     /// [`Error::Runtime`] outside a tokio runtime with timers.
     pub async fn connect(self) -> Result<ManagedClient> {
-        crate::session::check_runtime()?;
+        check_runtime()?;
         let mut connector = self.connector.unwrap_or_else(zk::Client::connector);
         if let Some(timeout) = self.session_timeout {
             connector = connector.with_session_timeout(timeout);
@@ -446,12 +447,12 @@ async fn first_session(connector: &zk::Connector, hosts: &str, timeout: Duration
 async fn delete_ephemerals(client: &zk::Client) -> Result<()> {
     let failed = |err| Error::zk("delete the session's nodes on close", "/", err);
     loop {
-        let nodes = crate::cleanup::retry_unknown(|| client.list_ephemerals("/")).await.map_err(failed)?;
+        let nodes = retry_unknown(|| client.list_ephemerals("/")).await.map_err(failed)?;
         if nodes.is_empty() {
             return Ok(());
         }
         for node in &nodes {
-            match crate::cleanup::retry_unknown(|| client.delete(node, None)).await {
+            match retry_unknown(|| client.delete(node, None)).await {
                 Ok(()) | Err(zk::Error::NoNode) => {},
                 Err(err) => return Err(failed(err)),
             }

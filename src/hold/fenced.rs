@@ -2,54 +2,16 @@
 
 use zookeeper_client as zk;
 
-use crate::error::{session_dead, Error, Result};
-use crate::guard::LockGuard;
+use crate::error::{session_dead, Error, FencedWriteError, Result};
+use crate::hold::holds::Hold;
 use crate::state::LockState;
-
-/// Why a [`FencedWriter::commit`] failed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum FencedWriteError {
-    /// Nothing was written: our lock node is gone (the session expired, or someone deleted it),
-    /// the session is dead, or this process already knows the lock is lost
-    /// ([`LockGuard::state`] is `Lost`).
-    #[error("fenced write refused: the lock is lost, nothing was written")]
-    LockLost,
-    /// Nothing was written: the operation at `index` (counting the operations you added, from
-    /// 0) failed, e.g. a version mismatch.
-    #[error("fenced write failed at operation {index}: {source}")]
-    OperationFailed {
-        /// Index of the failing operation among those added.
-        index: usize,
-        /// What ZooKeeper reported.
-        #[source]
-        source: zk::Error,
-    },
-    /// Nothing was written: the server refused the transaction for lack of rights (ACLs) on
-    /// the operation at `index` (counting the operations you added, from 0), or on our lock
-    /// node's check when `index` is `None`. The lock is still held; check the client's auth and
-    /// the ACLs of the paths written.
-    #[error("fenced write refused by ACLs (operation {index:?}); nothing was written, the lock is still held")]
-    NoAuth {
-        /// Index of the refused operation among those added; `None` for the lock check itself.
-        index: Option<usize>,
-    },
-    /// The request failed without a verdict from the server (e.g. the connection was lost before
-    /// the reply): the transaction may or may not have been applied. Read back before retrying.
-    #[error("fenced write outcome unknown: {source}")]
-    Request {
-        /// What the client reported.
-        #[source]
-        source: zk::Error,
-    },
-}
 
 /// A ZooKeeper `multi` transaction whose first operation checks that our lock node still exists,
 /// so the writes are applied only if, at that point in the server's total order, we still hold
 /// the lock. A holder whose session expired — even one that has not noticed yet, paused by GC or
 /// a frozen VM — cannot write through it.
 ///
-/// Made by [`LockGuard::fenced_writer`]. Add operations, then [`commit`](Self::commit); all or
+/// Made by [`LockGuard::fenced_writer`](crate::LockGuard::fenced_writer). Add operations, then [`commit`](Self::commit); all or
 /// none are applied.
 ///
 /// ```no_run
@@ -65,23 +27,32 @@ pub enum FencedWriteError {
 /// # }
 /// ```
 pub struct FencedWriter<'a> {
-    guard: &'a LockGuard,
+    hold: &'a Hold,
     writer: zk::MultiWriter<'a>,
+    /// How many checks of lock nodes come before the operations added.
+    checks: usize,
 }
 
 impl std::fmt::Debug for FencedWriter<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FencedWriter").field("lock_node", &self.guard.lock_path()).finish_non_exhaustive()
+        f.debug_struct("FencedWriter").field("lock_node", &&*self.hold.node.path).finish_non_exhaustive()
     }
 }
 
 impl<'a> FencedWriter<'a> {
-    pub(crate) fn new(guard: &'a LockGuard, client: &'a zk::Client) -> FencedWriter<'a> {
-        let mut writer = client.new_multi_writer();
-        // Version -1: the check passes for any version, i.e. while the node exists. The path is
-        // the one the server gave us, so it is valid.
-        let _ = writer.add_check_version(guard.lock_path(), -1);
-        FencedWriter { guard, writer }
+    pub(crate) fn new(hold: &'a Hold) -> FencedWriter<'a> {
+        // Starts the watch on our node if nobody looked yet, as `LockGuard::state` does.
+        hold.state();
+        let mut writer = hold.context.client().new_multi_writer();
+        let mut checks = 0;
+        // Version -1: the check passes for any version, i.e. while the node exists. The paths are
+        // the ones the server gave us, so they are valid. A downgraded read checks the write node
+        // it rests on too.
+        for node in hold.fence_nodes() {
+            let _ = writer.add_check_version(node, -1);
+            checks += 1;
+        }
+        FencedWriter { hold, writer, checks }
     }
 
     /// Adds a data update of `path` (with `expected_version`, or any version with `None`).
@@ -127,25 +98,25 @@ impl<'a> FencedWriter<'a> {
     /// of the first of your operations that failed (nothing was written), and `Request` when the
     /// outcome is unknown (the connection was lost before the reply).
     pub async fn commit(mut self) -> Result<Vec<zk::MultiWriteResult>, FencedWriteError> {
-        if let LockState::Lost(_) = self.guard.state() {
+        if let LockState::Lost(_) = self.hold.state() {
             return Err(FencedWriteError::LockLost);
         }
         match self.writer.commit().await {
             Ok(mut results) => {
-                if !results.is_empty() {
-                    results.remove(0);
-                }
+                results.drain(..self.checks.min(results.len()));
                 Ok(results)
             },
-            Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoAuth }) => {
+            Err(zk::MultiWriteError::OperationFailed { index, source: zk::Error::NoAuth }) if index < self.checks => {
                 Err(FencedWriteError::NoAuth { index: None })
             },
-            Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => Err(FencedWriteError::LockLost),
+            Err(zk::MultiWriteError::OperationFailed { index, .. }) if index < self.checks => {
+                Err(FencedWriteError::LockLost)
+            },
             Err(zk::MultiWriteError::OperationFailed { index, source: zk::Error::NoAuth }) => {
-                Err(FencedWriteError::NoAuth { index: Some(index - 1) })
+                Err(FencedWriteError::NoAuth { index: Some(index - self.checks) })
             },
             Err(zk::MultiWriteError::OperationFailed { index, source }) => {
-                Err(FencedWriteError::OperationFailed { index: index - 1, source })
+                Err(FencedWriteError::OperationFailed { index: index - self.checks, source })
             },
             Err(zk::MultiWriteError::RequestFailed { source: zk::Error::NoAuth }) => {
                 Err(FencedWriteError::NoAuth { index: None })

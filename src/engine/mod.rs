@@ -30,25 +30,32 @@
 //!    at all (see `view.rs` for the argument). A node in the view that is in fact gone costs one
 //!    `NoNode` read, once.
 
+pub(crate) mod driver;
+pub(crate) mod listing;
+pub(crate) mod naming;
+pub(crate) mod path;
+pub(crate) mod view;
+
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, warn, Span};
+use tokio::task::JoinHandle;
+use tracing::{debug, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode};
-use crate::client::{RecipeClient, SessionContext};
-use crate::driver::{Decision, LockDriver};
+use crate::engine::driver::{Decision, LockDriver};
+use crate::engine::listing::Listing;
+use crate::engine::naming::LockChild;
+use crate::engine::view::DirView;
 use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
-use crate::listing::{self, Listing};
-use crate::naming::{self, LockChild};
-use crate::session::HoldFeed;
+use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode, Target};
+use crate::session::client::{RecipeClient, SessionContext};
+use crate::session::monitor::HoldFeed;
+use crate::session::watch::{watch_node, NodeWatch, Watched};
 use crate::state::LossPolicy;
-use crate::view::DirView;
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
@@ -58,9 +65,6 @@ const MAX_NODE_LOSSES: usize = 5;
 /// the connection every time, and with it every other hold of the session: retrying forever would
 /// harm them all.
 const MAX_UNKNOWN_CREATES: usize = 4;
-
-/// How many times a watch refused by the server (`NoAuth`, ...) is retried before giving up.
-const MAX_WATCH_REFUSALS: usize = 3;
 
 /// Our lock node, once held.
 #[derive(Clone, Debug)]
@@ -74,6 +78,22 @@ pub(crate) struct LockNode {
     /// The view of the directory we waited with, if we waited: the node is removed from it once
     /// deleted.
     pub view: Option<Arc<DirView>>,
+}
+
+impl LockNode {
+    /// Starts deleting the node through `cleanup` (see [`Cleanup::delete`]); once it is gone, it
+    /// is also removed from the directory view it was waited with.
+    pub(crate) fn delete(&self, cleanup: &Cleanup) -> Option<JoinHandle<Result<()>>> {
+        let target = Target::Path(self.path.to_string());
+        match self.view.clone() {
+            None => cleanup.delete(target),
+            Some(view) => {
+                let name = self.path.rsplit('/').next().unwrap_or_default().to_owned();
+                let child = LockChild { name, sequence: self.sequence };
+                cleanup.delete_then(target, move || view.deleted(&child))
+            },
+        }
+    }
 }
 
 /// A granted lock: our node, its hold as the session monitor tracks it, and the session it is
@@ -113,7 +133,7 @@ pub(crate) struct LockInternals {
     /// When a lost connection means a lost lock, for the holds granted here.
     loss_policy: LossPolicy,
     /// The smallest session timeout any server may negotiate, if the application stated one
-    /// (`session.rs`, *Which T*).
+    /// (`session/monitor.rs`, *Which T*).
     min_session_timeout: Option<Duration>,
 }
 
@@ -202,7 +222,7 @@ impl OnSession<'_> {
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         // The session monitor heartbeats while we wait, so a grant from the view has fresh
-        // evidence that the session is alive (see `session.rs`).
+        // evidence that the session is alive (see `session/monitor.rs`).
         self.context.session.min_session_timeout(self.lock.min_session_timeout);
         let _ticket = self.context.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
@@ -566,7 +586,7 @@ impl OnSession<'_> {
             Decision::WaitFor(_) => {},
         }
 
-        // Wait with the process's shared view of the directory (see `view.rs` for why deciding
+        // Wait with the process's shared view of the directory (see `engine/view.rs` for why deciding
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
         let view = DirView::of(&self.lock.dir, lock_name, &listing.dir_stat);
@@ -702,120 +722,4 @@ fn refused(err: &zk::Error) -> bool {
             | zk::Error::QuotaExceeded
             | zk::Error::BadArguments(_)
     ) || session_dead(err)
-}
-
-/// A data watch on a lock node, resolving when it fires. The watch request is sent when the
-/// future is first polled.
-pub(crate) struct NodeWatch {
-    /// Set once the server confirmed the watch.
-    armed: Arc<AtomicBool>,
-    fired: WatchFuture,
-}
-
-/// The future of a watch, boxed.
-pub(crate) type WatchFuture = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
-
-impl NodeWatch {
-    /// The watch as a plain future (its "armed" flag no longer needed).
-    pub(crate) fn into_future(self) -> WatchFuture {
-        self.fired
-    }
-
-    /// Whether the server has confirmed the watch (and so that the node existed then).
-    pub(crate) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::SeqCst)
-    }
-}
-
-impl Future for NodeWatch {
-    type Output = Watched;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Watched> {
-        self.fired.as_mut().poll(cx)
-    }
-}
-
-/// Sets a data watch on `path` and waits for it to fire. Connection trouble while setting it is
-/// retried; the client re-registers set watches after a reconnection by itself.
-///
-/// Keep the returned future until it fires where possible: dropping an armed watch makes the
-/// client send a request to remove it.
-pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
-    let armed = Arc::new(AtomicBool::new(false));
-    let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
-    NodeWatch { armed, fired }
-}
-
-/// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
-/// own); `set` is set once the server confirmed the watch.
-pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
-    tracing::trace!(path = &*path, "setting a data watch");
-    {
-        let client = cleanup.client();
-        let path = &*path;
-        let mut backoff = Backoff::new();
-        let mut refusals = 0;
-        // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
-        // to a session without READ. Its directory's children are watched instead.
-        let mut readable = true;
-        loop {
-            let watched = if readable {
-                client.get_and_watch_data(path).await.map(|(_, _, watcher)| Some(watcher))
-            } else {
-                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path));
-                let dir = if dir.is_empty() { "/" } else { dir };
-                client
-                    .list_and_watch_children(dir)
-                    .await
-                    .map(|(children, watcher)| children.iter().any(|child| child == name).then_some(watcher))
-            };
-            match watched {
-                Ok(Some(watcher)) => {
-                    // Only a data watch on the node itself orders its deletion before later
-                    // events of the session (see `wait_for_turn`); a directory watch does not.
-                    if let Some(set) = &set {
-                        set.store(readable, Ordering::SeqCst);
-                    }
-                    let event = watcher.changed().await;
-                    match event.event_type {
-                        zk::EventType::NodeDeleted => return Watched::Deleted,
-                        zk::EventType::Session if event.session_state.is_terminated() => {
-                            return Watched::SessionDead(event.session_state)
-                        },
-                        // The directory changed: look whether the node is still listed.
-                        zk::EventType::NodeChildrenChanged => continue,
-                        _ => return Watched::Other,
-                    }
-                },
-                // Gone (a children watch left armed is removed with its watcher).
-                Ok(None) | Err(zk::Error::NoNode) => return Watched::Deleted,
-                Err(zk::Error::NoAuth) if readable => {
-                    debug!(path, "lock node not readable; watching its directory instead");
-                    readable = false;
-                },
-                Err(err) if transient(&err) => backoff.wait().await,
-                Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
-                Err(err) => {
-                    refusals += 1;
-                    if refusals >= MAX_WATCH_REFUSALS {
-                        return Watched::Refused(err);
-                    }
-                    warn!(path, %err, "cannot watch lock node; retrying");
-                    backoff.wait().await;
-                },
-            }
-        }
-    }
-}
-
-/// What a data watch on a lock node reported.
-pub(crate) enum Watched {
-    /// The node is gone.
-    Deleted,
-    /// The session ended (expired, closed, authentication failed).
-    SessionDead(zk::SessionState),
-    /// Something else changed (data); watch again if still interested.
-    Other,
-    /// The server refused the watch repeatedly (`NoAuth`, ...).
-    Refused(zk::Error),
 }

@@ -18,10 +18,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
-use crate::engine::LockNode;
 use crate::error::{session_dead, transient, Error, Result};
-use crate::naming::LockChild;
-use crate::view::DirView;
 
 /// What to delete.
 #[derive(Clone, Debug)]
@@ -82,20 +79,21 @@ impl Cleanup {
         self.delete_and_forget(target, None)
     }
 
-    /// Deletes one of our lock nodes; once it is gone, also removes it from the directory view
-    /// it was waited with.
-    pub(crate) fn delete_node(&self, node: &LockNode) -> Option<JoinHandle<Result<()>>> {
-        let forget = node.view.clone().map(|view| {
-            let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
-            (view, LockChild { name, sequence: node.sequence })
-        });
-        self.delete_and_forget(Target::Path(node.path.to_string()), forget)
+    /// Starts deleting `target` like [`delete`](Self::delete), and calls `gone` once it is gone
+    /// (not when the deletion fails). The session layer knows paths, not lock nodes: the engine
+    /// uses `gone` to tell its view of the directory.
+    pub(crate) fn delete_then(
+        &self,
+        target: Target,
+        gone: impl FnOnce() + Send + 'static,
+    ) -> Option<JoinHandle<Result<()>>> {
+        self.delete_and_forget(target, Some(Box::new(gone)))
     }
 
     fn delete_and_forget(
         &self,
         target: Target,
-        forget: Option<(Arc<DirView>, LockChild)>,
+        gone: Option<Box<dyn FnOnce() + Send>>,
     ) -> Option<JoinHandle<Result<()>>> {
         let handle = Handle::try_current().ok().or_else(|| self.runtime.get().cloned());
         let Some(handle) = handle else {
@@ -109,8 +107,8 @@ impl Cleanup {
         };
         Some(handle.spawn(async move {
             let result = delete_until_gone(client, target, first).await;
-            if let (Ok(()), Some((view, child))) = (&result, forget) {
-                view.deleted(&child);
+            if let (Ok(()), Some(gone)) = (&result, gone) {
+                gone();
             }
             result
         }))

@@ -1,7 +1,7 @@
 //! What differs between lock recipes: given the lock nodes ahead of ours, do we hold the lock,
 //! and whose deletion do we wait for? (Curator's `LockInternalsDriver`.)
 
-use crate::naming::LockChild;
+use crate::engine::naming::LockChild;
 
 /// The decision of a driver.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,175 @@
+//! The options every lock recipe takes, and their validation: [`LockBuilder`].
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use crate::engine::path::{refuse_reserved, validate_syntax};
+use crate::engine::LockInternals;
+use crate::error::{Error, Result};
+use crate::session::acl::AclList;
+use crate::session::client::RecipeClient;
+use crate::state::LossPolicy;
+
+/// Builds a lock recipe with options: [`MutexBuilder`](crate::MutexBuilder) for an
+/// [`InterProcessMutex`](crate::InterProcessMutex) (see
+/// [`InterProcessMutex::builder`](crate::InterProcessMutex::builder)). Every lock recipe takes
+/// the same options.
+#[must_use]
+pub struct LockBuilder<R> {
+    client: RecipeClient,
+    path: String,
+    node_data: Vec<u8>,
+    acls: Option<Vec<zk::Acl>>,
+    loss_policy: LossPolicy,
+    max_request_bytes: usize,
+    min_session_timeout: Option<Duration>,
+    recipe: PhantomData<fn() -> R>,
+}
+
+impl<R> Clone for LockBuilder<R> {
+    fn clone(&self) -> Self {
+        LockBuilder {
+            client: self.client.clone(),
+            path: self.path.clone(),
+            node_data: self.node_data.clone(),
+            acls: self.acls.clone(),
+            loss_policy: self.loss_policy,
+            max_request_bytes: self.max_request_bytes,
+            min_session_timeout: self.min_session_timeout,
+            recipe: PhantomData,
+        }
+    }
+}
+
+impl<R> std::fmt::Debug for LockBuilder<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockBuilder")
+            .field("client", &self.client)
+            .field("path", &self.path)
+            .field("node_data_len", &self.node_data.len())
+            .field("acls", &self.acls.as_ref().map(Vec::len))
+            .field("loss_policy", &self.loss_policy)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("min_session_timeout", &self.min_session_timeout)
+            .finish()
+    }
+}
+
+/// ZooKeeper's default request size limit (`jute.maxbuffer`, `0xfffff`).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 0xfffff;
+
+/// What a create request carries besides the node's path and data: headers, the ACL, the mode
+/// (about 60 bytes), with room to spare.
+const CREATE_OVERHEAD: usize = 256;
+
+/// What a missing level of the lock path adds to the `multi` that creates it with the lock node:
+/// the op's header, its path's and data's length prefixes, the mode and the ACL count (about 29
+/// bytes), with room to spare; its path and ACL are counted apart.
+const MULTI_LEVEL_OVERHEAD: usize = 64;
+
+/// The node name the server gives a lock node, without its lock name:
+/// `_c_<36-char uuid>-<lock name><10 digits>`.
+const NODE_NAME_LEN_BESIDES_LOCK_NAME: usize = 3 + 36 + 1 + 10;
+
+impl<R> LockBuilder<R> {
+    pub(crate) fn new(client: RecipeClient, path: String) -> LockBuilder<R> {
+        LockBuilder {
+            client,
+            path,
+            node_data: Vec::new(),
+            acls: None,
+            loss_policy: LossPolicy::default(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            min_session_timeout: None,
+            recipe: PhantomData,
+        }
+    }
+
+    /// The largest request the server accepts, in bytes: its `jute.maxbuffer` (default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`], 1 MiB − 1). [`build`](Self::build) refuses node data and
+    /// lock paths whose create request would exceed it: the server answers such a request by
+    /// dropping the connection, which would cost every other hold of the session its lock.
+    pub fn max_request_bytes(mut self, limit: usize) -> LockBuilder<R> {
+        self.max_request_bytes = limit;
+        self
+    }
+
+    /// The smallest session timeout any server of the ensemble may negotiate for the client's
+    /// sessions (see [`ManagedClientBuilder::min_session_timeout`](crate::ManagedClientBuilder::min_session_timeout),
+    /// which says how to compute it): for a plain `zookeeper_client::Client`, or to go lower
+    /// than the managed client's. It applies to the whole session monitor of the sessions this
+    /// lock acquires on (every hold of those sessions counts with the lowest floor stated).
+    pub fn min_session_timeout(mut self, floor: Duration) -> LockBuilder<R> {
+        self.min_session_timeout = Some(floor);
+        self
+    }
+
+    /// When a lost connection means a lost lock; see [`LossPolicy`]. The default is
+    /// [`LossPolicy::Suspended`], Curator's standard: any disconnection loses the lock.
+    pub fn loss_policy(mut self, policy: LossPolicy) -> LockBuilder<R> {
+        self.loss_policy = policy;
+        self
+    }
+
+    /// Bytes stored in each lock node this lock creates, e.g. `host:port` of the holder, so
+    /// operators (and [`InterProcessMutex::participants`](crate::InterProcessMutex::participants)) can tell who holds or waits.
+    /// Curator's default is the local IP address; ours is empty.
+    pub fn node_data(mut self, data: impl Into<Vec<u8>>) -> LockBuilder<R> {
+        self.node_data = data.into();
+        self
+    }
+
+    /// The ACLs of the nodes this lock creates: its lock nodes, and the container nodes of a
+    /// lock path that does not exist yet. Default: the [`ManagedClient`](crate::ManagedClient)'s
+    /// [`acls`](crate::ManagedClientBuilder::acls), or `world:anyone` with all rights on a plain
+    /// client (Curator's default).
+    ///
+    /// Who may queue for, release or block a lock is decided by the ACL of the lock path itself
+    /// (create and delete rights live on the parent): protect the lock path, e.g. with
+    /// `zookeeper_client::Acls::creator_all()` on an authenticated client. See the README's
+    /// Security section.
+    pub fn acls(mut self, acls: impl Into<AclList>) -> LockBuilder<R> {
+        self.acls = Some(acls.into().into());
+        self
+    }
+
+    /// Validates the path and the sizes (see [`MutexBuilder::build`](crate::MutexBuilder::build))
+    /// and makes the engine of a recipe whose longest lock name is `longest_lock_name`.
+    pub(crate) fn internals(self, longest_lock_name: &str) -> Result<LockInternals> {
+        validate_syntax(&self.path)?;
+        // The client prepends its chroot to every path it sends (`path()` is "/" without one).
+        let chroot = match self.client.context().client().path() {
+            "/" => String::new(),
+            chroot => chroot.to_owned(),
+        };
+        refuse_reserved(&self.path, &format!("{chroot}{}", self.path))?;
+        let limit = self.max_request_bytes;
+        let acls = self.acls.unwrap_or_else(|| self.client.default_acls());
+        // Each ACL: its permissions, and the scheme and id with their lengths.
+        let acl_size: usize = acls.iter().map(|acl| 12 + acl.scheme().len() + acl.id().len()).sum();
+        // The path the server receives: chroot, lock path, '/', node name.
+        let server_path_len = chroot.len() + self.path.len();
+        // Missing levels of the lock path are created in the same request (a `multi`, see
+        // `engine/mod.rs`): count every level, each with the chroot in front, as if all were missing.
+        let levels_size: usize = (self.path.match_indices('/').skip(1).map(|(at, _)| at))
+            .chain(std::iter::once(self.path.len()))
+            .map(|level_len| chroot.len() + level_len + MULTI_LEVEL_OVERHEAD + acl_size)
+            .sum();
+        let path_size = server_path_len
+            + 1
+            + NODE_NAME_LEN_BESIDES_LOCK_NAME
+            + longest_lock_name.len()
+            + CREATE_OVERHEAD
+            + acl_size
+            + levels_size;
+        if path_size > limit {
+            return Err(Error::TooLarge { what: "lock path", size: server_path_len, limit });
+        }
+        if path_size + self.node_data.len() > limit {
+            return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
+        }
+        Ok(LockInternals::new(self.client, self.path, self.node_data, acls, self.loss_policy, self.min_session_timeout))
+    }
+}

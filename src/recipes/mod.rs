@@ -1,0 +1,11 @@
+//! The recipes: each a driver for the engine (who holds the lock, whom a waiter watches) and a
+//! thin API over the shared hold layer.
+//!
+//! - [`mutex`]: [`InterProcessMutex`](mutex::InterProcessMutex) (Curator's `InterProcessMutex`),
+//!   the re-entrant lock every recipe's lock kinds are made of.
+//! - [`rw_lock`]: [`InterProcessReadWriteLock`](rw_lock::InterProcessReadWriteLock) (Curator's
+//!   `InterProcessReadWriteLock`): a read and a write lock on one queue.
+//! - [`builder`]: the options every lock recipe takes.
+
+pub(crate) mod builder;
+pub(crate) mod mutex;

@@ -1,0 +1,350 @@
+//! [`InterProcessMutex`]: a fair, re-entrant, cancellation-safe distributed mutex
+//! (Curator's `InterProcessMutex`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{field, info_span, Instrument};
+use zookeeper_client as zk;
+
+use crate::engine::driver::StandardDriver;
+use crate::engine::naming::MUTEX_LOCK_NAME;
+use crate::engine::{LockInternals, Wait};
+use crate::error::{Error, Result};
+use crate::hold::guard::LockGuard;
+use crate::hold::holds::Holds;
+use crate::hold::scope::{run_in_scope, scope_hold};
+use crate::metrics::{self, Outcome};
+use crate::recipes::builder::LockBuilder;
+use crate::session::cleanup::retry_unknown;
+use crate::session::client::RecipeClient;
+use crate::session::monitor::check_runtime;
+use crate::state::LossReason;
+
+/// The `recipe` label of this recipe's metrics.
+const RECIPE: &str = "mutex";
+
+const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
+
+/// A fair, re-entrant mutex shared by every process that uses the same ZooKeeper lock path.
+///
+/// Each acquire queues an `EPHEMERAL_SEQUENTIAL` node `_c_<uuid>-lock-<sequence>` under the lock
+/// path (Curator's naming, so Curator's `InterProcessMutex` on the same path contends with this
+/// one), and is granted the lock when its node is the first in sequence order. Waiters watch only
+/// their immediate predecessor, so a release wakes exactly one waiter. Grants are first come,
+/// first served.
+///
+/// **Re-entrancy is scoped to a critical section.** [`with_lock`](Self::with_lock) acquires the
+/// lock and runs a future inside a *lock scope*: any acquire of this mutex made inside that future
+/// (directly or in functions it calls, also in futures it polls with `join!` or `select!`)
+/// re-enters at once with another [`LockGuard`] of the same hold, counted like Curator's
+/// re-entrant acquires; the lock node is deleted when the last guard of the hold is released.
+/// Outside a lock scope every acquire queues — also one made by the task that just acquired and
+/// handed its guard to another task, one of several futures a task polls at once, one in a
+/// task spawned inside a critical section (`tokio::spawn` does not carry the scope), and one in a
+/// task that code inside the critical section drives (a `LocalSet`'s `run_until`: the scope
+/// belongs to the task polling it, not to whatever runs during that poll): each waits like
+/// another process would. So no usage lets two holders overlap; the price is that an acquire
+/// of a lock already held outside a scope by the same task waits for itself (as a
+/// `std::sync::Mutex` would) — use `acquire_timeout` or `with_lock` where that can happen.
+///
+/// **Cancel safety.** Every acquire method may be cancelled at any `.await` (dropped,
+/// `tokio::time::timeout`, `select!`): the lock node it may have created — even one whose create
+/// reply never arrived — is deleted by a background task that retries until the node is gone or
+/// the session is dead.
+///
+/// **Sessions.** A lock is only as good as the ZooKeeper session that holds it. One monitor per
+/// session tells every hold when the session is lost, stalled or past its loss deadline (see
+/// [`LossPolicy`](crate::LossPolicy)). Built on a [`ManagedClient`](crate::ManagedClient), the mutex survives a
+/// session expiry: holds report it, and acquires queue again on the new session. Built on a
+/// plain `zookeeper_client::Client`, it is dead with that session: acquires fail with
+/// [`Error::SessionLost`].
+///
+/// `InterProcessMutex` is cheap to clone (clones are the same mutex) and is
+/// `Send + Sync + 'static`.
+///
+/// ```no_run
+/// # async fn demo(client: zookeeper_client::Client) -> zk_recipes::Result<()> {
+/// use std::time::Duration;
+/// use zk_recipes::InterProcessMutex;
+///
+/// let mutex = InterProcessMutex::new(client, "/locks/orders")?;
+/// let guard = mutex.acquire().await?;
+/// println!("holding {} with fencing token {}", guard.lock_path(), guard.fencing_token());
+/// guard.release().await?;
+///
+/// if let Some(guard) = mutex.acquire_timeout(Duration::from_secs(3)).await? {
+///     // ... critical section ...
+///     drop(guard); // released in the background
+/// }
+///
+/// // A critical section with re-entry: nested acquires of `mutex` inside re-enter at once.
+/// let inner = mutex.clone();
+/// let total = mutex.with_lock(|guard| async move {
+///     let again = inner.acquire().await?; // re-enters: same hold, same fencing token
+///     assert_eq!(again.fencing_token(), guard.fencing_token());
+///     Ok::<_, zk_recipes::Error>(42)
+/// }).await??;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct InterProcessMutex {
+    inner: Arc<MutexInner>,
+}
+
+impl std::fmt::Debug for InterProcessMutex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterProcessMutex")
+            .field("path", &self.path())
+            .field("held_in_this_process", &self.is_acquired_in_this_process())
+            .finish_non_exhaustive()
+    }
+}
+
+struct MutexInner {
+    internals: LockInternals,
+    /// The holds of this mutex; also what identifies it to lock scopes.
+    holds: Arc<Holds>,
+}
+
+/// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
+pub type MutexBuilder = LockBuilder<InterProcessMutex>;
+
+impl LockBuilder<InterProcessMutex> {
+    /// Validates the path and the sizes and builds the mutex. Nothing is sent to ZooKeeper until
+    /// the first acquire.
+    ///
+    /// The path is checked as the server will see it, with the client's chroot in front: a path
+    /// in `/zookeeper` (reserved by the server) is refused on a client without a chroot and
+    /// accepted under one (the server sees `<chroot>/zookeeper/...`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] for a path ZooKeeper would refuse, [`Error::TooLarge`] when a lock
+    /// node's create request would exceed [`max_request_bytes`](Self::max_request_bytes): the
+    /// path with the client's chroot, the data, and the creates of the lock path's levels, which
+    /// are sent with the lock node's when they are missing (so the longer the path, the less
+    /// node data fits).
+    pub fn build(self) -> Result<InterProcessMutex> {
+        let internals = self.internals(MUTEX_LOCK_NAME)?;
+        Ok(InterProcessMutex { inner: Arc::new(MutexInner { internals, holds: Holds::new(RECIPE) }) })
+    }
+}
+
+/// One process in the lock's queue, as listed by [`InterProcessMutex::participants`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Participant {
+    /// Full path of the participant's lock node.
+    pub path: String,
+    /// The sequence number of its node (queue position order).
+    pub sequence: i64,
+    /// The bytes stored in its node (see [`MutexBuilder::node_data`]).
+    pub data: Vec<u8>,
+    /// Whether this participant holds the lock (it is first in the queue).
+    pub is_holder: bool,
+    /// The ZooKeeper session that owns the node (its `ephemeralOwner`).
+    pub session_id: i64,
+}
+
+impl InterProcessMutex {
+    /// A mutex on the lock path `path` (absolute, relative to the client's chroot if any).
+    ///
+    /// Missing parents are created as container nodes on the first acquire, in one `multi` with
+    /// its lock node (so the server removes them once empty, also after a cancelled acquire).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] if `path` is not a valid ZooKeeper path, [`Error::TooLarge`] if it
+    /// is too long for the server (see [`MutexBuilder::build`]).
+    pub fn new(client: impl Into<RecipeClient>, path: impl Into<String>) -> Result<InterProcessMutex> {
+        Self::builder(client, path).build()
+    }
+
+    /// A builder for a mutex with options.
+    ///
+    /// ```no_run
+    /// # fn demo(client: zookeeper_client::Client) -> zk_recipes::Result<()> {
+    /// let mutex = zk_recipes::InterProcessMutex::builder(client, "/locks/orders")
+    ///     .node_data(b"host-a:4242".to_vec())
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(client: impl Into<RecipeClient>, path: impl Into<String>) -> MutexBuilder {
+        LockBuilder::new(client.into(), path.into())
+    }
+
+    /// The lock path.
+    pub fn path(&self) -> &str {
+        self.inner.internals.dir()
+    }
+
+    /// Waits until the lock is held and returns a guard for it.
+    ///
+    /// Inside a [`with_lock`](Self::with_lock) scope of this mutex, returns at once with another
+    /// guard of the scope's hold (re-entry). Keeps waiting across disconnections.
+    ///
+    /// Cancel safe: if the future is dropped, no lock node is left behind.
+    ///
+    /// # Errors
+    /// [`Error::SessionLost`] if the session expires (or the client is closed),
+    /// [`Error::LockLost`] on re-entry into a scope whose hold was lost, [`Error::NoAuth`] when
+    /// ACLs refuse us, [`Error::Runtime`] on a tokio runtime without timers, and
+    /// [`Error::ZooKeeper`] for other failures.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        loop {
+            if let Some(guard) = self.acquire_with(Wait::Forever, None).await? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Takes the lock if it is free right now; `Ok(None)` if another holder or an earlier waiter
+    /// is ahead of us — and also, at once, while the connection is down (a
+    /// [`ManagedClient`](crate::ManagedClient)'s [`Suspended`](crate::ConnectionState::Suspended))
+    /// or when it goes down during the call: the session may still be alive, but the lock cannot
+    /// be taken now (a node the call may have created is deleted in the background). On a
+    /// `ManagedClient` between an expiry and the new session, fails with [`Error::SessionLost`]
+    /// instead of waiting for the session. Never waits for a holder nor for a connection (it
+    /// does talk to ZooKeeper: a create, a listing and, when the lock is taken, a delete).
+    /// Re-enters inside a lock scope, like `acquire`.
+    ///
+    /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.acquire_with(Wait::No, None).await
+    }
+
+    /// Waits at most `timeout` for the lock; `Ok(None)` if it was not granted in time — also when
+    /// a [`ManagedClient`](crate::ManagedClient) had no session for the whole time (its
+    /// [`state`](crate::ManagedClient::state) tells the two apart). Our queued node is then
+    /// deleted in the background.
+    ///
+    /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_with(Wait::Forever, Some(timeout)).await
+    }
+
+    /// Acquires the lock, runs `critical_section` inside a lock scope, and releases the lock when
+    /// it completes (or is cancelled). `critical_section` gets a guard of the hold (for its
+    /// fencing token, `lost()`, `fenced_writer()`); any acquire of this mutex made while it runs —
+    /// in it or in anything it awaits — re-enters the same hold at once (re-entry counts, as in
+    /// Curator). Tasks it spawns, and tasks of an executor it drives (a `LocalSet`), are outside
+    /// the scope and queue like anyone else: re-entry is for the tokio task polling the scope's
+    /// future (tasks of executors other than tokio's, driven from inside, cannot be told apart
+    /// from it: do not drive them in a critical section).
+    ///
+    /// The lock node is deleted once the last guard of the hold is gone: guards moved out of the
+    /// scope keep the lock held. The release is sent before this returns (and completes in the
+    /// background), so a later acquire on the same client queues behind it.
+    ///
+    /// Cancel safe: dropping the future releases the lock in the background.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); once the lock is held, the output of `critical_section` is
+    /// returned whatever happens to the lock — watch `guard.lost()` inside to stop early.
+    pub async fn with_lock<F, Fut, T>(&self, critical_section: F) -> Result<T>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let holds = &self.inner.holds;
+        let for_section = LockGuard::reentered(holds, &guard.hold)?.ok_or_else(|| self.released_meanwhile())?;
+        let output = run_in_scope(holds, guard.hold.clone(), critical_section(for_section)).await;
+        drop(guard);
+        Ok(output)
+    }
+
+    async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
+        let started = std::time::Instant::now();
+        if let Some(hold) = scope_hold(&self.inner.holds) {
+            if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
+                metrics::acquire(RECIPE, Outcome::Reentered, started.elapsed());
+                return Ok(Some(guard));
+            }
+        }
+        let result = self.queue(wait, timeout).await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) if timeout.is_some() => Outcome::TimedOut,
+            Ok(None) => Outcome::NotAvailable,
+            Err(_) => Outcome::Failed,
+        };
+        metrics::acquire(RECIPE, outcome, started.elapsed());
+        result
+    }
+
+    /// An acquire that queues a node (no re-entry).
+    async fn queue(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
+        let span = info_span!("acquire", lock_path = %self.path(), sequence = field::Empty);
+        let attempt = self.inner.internals.attempt(&MUTEX_DRIVER, wait).instrument(span);
+        let node = match timeout {
+            None => attempt.await?,
+            Some(timeout) => {
+                // The timeout's timer would panic on a runtime without timers: say so instead.
+                check_runtime()?;
+                tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
+            },
+        };
+        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, None)))
+    }
+
+    fn released_meanwhile(&self) -> Error {
+        Error::LockLost { path: self.path().to_owned(), reason: LossReason::NodeDeleted }
+    }
+
+    /// Lists everyone queued on this lock path, holder first, with the data of their nodes.
+    /// Nodes that are not lock nodes are left out.
+    ///
+    /// # Errors
+    /// [`Error::NoAuth`] if we may not list the lock path or read a node, [`Error::SessionLost`]
+    /// if the session is dead, [`Error::ZooKeeper`] for other failures.
+    pub async fn participants(&self) -> Result<Vec<Participant>> {
+        let internals = &self.inner.internals;
+        let context = internals.context();
+        let client = context.client();
+        let children = internals.sorted_children(MUTEX_LOCK_NAME).await?;
+        let paths: Vec<String> = children.iter().map(|c| format!("{}/{}", internals.dir(), c.name)).collect();
+        // All reads are sent before any reply is awaited.
+        let reads: Vec<_> = paths.iter().map(|path| client.get_data(path)).collect();
+        let mut participants = Vec::with_capacity(children.len());
+        for ((child, path), read) in children.iter().zip(&paths).zip(reads) {
+            let (data, stat) = match read.await {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => continue,
+                Err(_) => match retry_unknown(|| client.get_data(path)).await {
+                    Ok(read) => read,
+                    Err(zk::Error::NoNode) => continue,
+                    Err(err) => return Err(Error::zk("read lock node", path, err)),
+                },
+            };
+            let is_holder = participants.is_empty();
+            participants.push(Participant {
+                path: path.clone(),
+                sequence: child.sequence,
+                data,
+                is_holder,
+                session_id: stat.ephemeral_owner,
+            });
+        }
+        Ok(participants)
+    }
+
+    /// Whether any task in this process holds the lock through this mutex (or its clones).
+    pub fn is_acquired_in_this_process(&self) -> bool {
+        !self.inner.holds.is_empty()
+    }
+
+    /// Whether the current future runs inside a [`with_lock`](Self::with_lock) scope of this
+    /// mutex, in the task polling that scope (where acquires re-enter).
+    pub fn is_held_in_current_scope(&self) -> bool {
+        scope_hold(&self.inner.holds).is_some()
+    }
+}

@@ -1,0 +1,132 @@
+//! Data watches on nodes: the one primitive both the acquire loop (watching a predecessor and
+//! our own node) and the session monitor (watching a held node) wait on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+use zookeeper_client as zk;
+
+use crate::error::{session_dead, transient};
+use crate::session::cleanup::{Backoff, Cleanup};
+
+/// How many times a watch refused by the server (`NoAuth`, ...) is retried before giving up.
+const MAX_WATCH_REFUSALS: usize = 3;
+
+/// A data watch on a lock node, resolving when it fires. The watch request is sent when the
+/// future is first polled.
+pub(crate) struct NodeWatch {
+    /// Set once the server confirmed the watch.
+    armed: Arc<AtomicBool>,
+    fired: WatchFuture,
+}
+
+/// The future of a watch, boxed.
+pub(crate) type WatchFuture = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
+
+impl NodeWatch {
+    /// The watch as a plain future (its "armed" flag no longer needed).
+    pub(crate) fn into_future(self) -> WatchFuture {
+        self.fired
+    }
+
+    /// Whether the server has confirmed the watch (and so that the node existed then).
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::SeqCst)
+    }
+}
+
+impl Future for NodeWatch {
+    type Output = Watched;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Watched> {
+        self.fired.as_mut().poll(cx)
+    }
+}
+
+/// Sets a data watch on `path` and waits for it to fire. Connection trouble while setting it is
+/// retried; the client re-registers set watches after a reconnection by itself.
+///
+/// Keep the returned future until it fires where possible: dropping an armed watch makes the
+/// client send a request to remove it.
+pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
+    let armed = Arc::new(AtomicBool::new(false));
+    let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
+    NodeWatch { armed, fired }
+}
+
+/// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
+/// own); `set` is set once the server confirmed the watch.
+pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
+    tracing::trace!(path = &*path, "setting a data watch");
+    {
+        let client = cleanup.client();
+        let path = &*path;
+        let mut backoff = Backoff::new();
+        let mut refusals = 0;
+        // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
+        // to a session without READ. Its directory's children are watched instead.
+        let mut readable = true;
+        loop {
+            let watched = if readable {
+                client.get_and_watch_data(path).await.map(|(_, _, watcher)| Some(watcher))
+            } else {
+                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path));
+                let dir = if dir.is_empty() { "/" } else { dir };
+                client
+                    .list_and_watch_children(dir)
+                    .await
+                    .map(|(children, watcher)| children.iter().any(|child| child == name).then_some(watcher))
+            };
+            match watched {
+                Ok(Some(watcher)) => {
+                    // Only a data watch on the node itself orders its deletion before later
+                    // events of the session (see `wait_for_turn`); a directory watch does not.
+                    if let Some(set) = &set {
+                        set.store(readable, Ordering::SeqCst);
+                    }
+                    let event = watcher.changed().await;
+                    match event.event_type {
+                        zk::EventType::NodeDeleted => return Watched::Deleted,
+                        zk::EventType::Session if event.session_state.is_terminated() => {
+                            return Watched::SessionDead(event.session_state)
+                        },
+                        // The directory changed: look whether the node is still listed.
+                        zk::EventType::NodeChildrenChanged => continue,
+                        _ => return Watched::Other,
+                    }
+                },
+                // Gone (a children watch left armed is removed with its watcher).
+                Ok(None) | Err(zk::Error::NoNode) => return Watched::Deleted,
+                Err(zk::Error::NoAuth) if readable => {
+                    debug!(path, "lock node not readable; watching its directory instead");
+                    readable = false;
+                },
+                Err(err) if transient(&err) => backoff.wait().await,
+                Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
+                Err(err) => {
+                    refusals += 1;
+                    if refusals >= MAX_WATCH_REFUSALS {
+                        return Watched::Refused(err);
+                    }
+                    warn!(path, %err, "cannot watch lock node; retrying");
+                    backoff.wait().await;
+                },
+            }
+        }
+    }
+}
+
+/// What a data watch on a lock node reported.
+pub(crate) enum Watched {
+    /// The node is gone.
+    Deleted,
+    /// The session ended (expired, closed, authentication failed).
+    SessionDead(zk::SessionState),
+    /// Something else changed (data); watch again if still interested.
+    Other,
+    /// The server refused the watch repeatedly (`NoAuth`, ...).
+    Refused(zk::Error),
+}
