@@ -127,6 +127,15 @@ pub enum Error {
     #[error(transparent)]
     FencedWrite(#[from] FencedWriteError),
 
+    /// A write lock was acquired inside a lock scope of the read lock of the same
+    /// [`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock): a read hold cannot be
+    /// upgraded (two readers upgrading would wait for each other for ever). Nothing was queued.
+    #[error("cannot acquire the write lock of {path:?} inside a read scope of it: a read lock cannot be upgraded; release the read lock first")]
+    Upgrade {
+        /// The lock path.
+        path: String,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {

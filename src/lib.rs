@@ -20,6 +20,7 @@ pub use hold::fenced::FencedWriter;
 pub use hold::guard::{FencingToken, LockGuard, LossSignal};
 pub use recipes::builder::{LockBuilder, DEFAULT_MAX_REQUEST_BYTES};
 pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
+pub use recipes::rw_lock::{InterProcessReadWriteLock, ReadWriteLockBuilder};
 pub use session::acl::AclList;
 pub use session::client::{
     ConnectionState, ConnectionStateWatcher, ManagedClient, ManagedClientBuilder, RecipeClient, DEFAULT_CONNECT_TIMEOUT,

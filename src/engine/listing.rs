@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::engine::naming::{self, LockChild};
+use crate::engine::naming::{self, LockChild, Queue};
 // Each update of the slots is a few field writes: a poisoned map is still consistent.
 use crate::sync::lock;
 
@@ -31,8 +31,8 @@ pub(crate) struct Listing {
 }
 
 impl Listing {
-    pub(crate) fn new(names: Vec<String>, dir_stat: zk::Stat, lock_name: &str) -> Listing {
-        Listing { children: naming::sort_lock_children(names, lock_name), dir_stat }
+    pub(crate) fn new(names: Vec<String>, dir_stat: zk::Stat, queue: Queue) -> Listing {
+        Listing { children: naming::sort_lock_children(names, queue), dir_stat }
     }
 
     /// Index of `child` in queue order, if listed.
@@ -42,8 +42,8 @@ impl Listing {
 }
 
 type Shared = Option<Result<Arc<Listing>, zk::Error>>;
-/// Session, chroot, directory, lock name.
-type Key = (i64, String, String, &'static str);
+/// Session, chroot, directory, queue.
+type Key = (i64, String, String, Queue);
 
 /// Per session, directory and lock name: the listing not sent yet (if any), and how many listings
 /// are outstanding.
@@ -91,14 +91,14 @@ impl Drop for Outstanding {
 pub(crate) fn after_sent_requests(
     client: &zk::Client,
     dir: &str,
-    lock_name: &'static str,
+    queue: Queue,
 ) -> impl Future<Output = Option<Result<Arc<Listing>, zk::Error>>> + Send + 'static {
     enum Via {
         Direct(Outstanding, BoxedReply),
         Shared(watch::Receiver<Shared>),
         Nothing,
     }
-    let key: Key = (client.session_id().0, client.path().to_owned(), dir.to_owned(), lock_name);
+    let key: Key = (client.session_id().0, client.path().to_owned(), dir.to_owned(), queue);
     let via = {
         let mut slots = lock(slots());
         let slot = slots.entry(key.clone()).or_default();
@@ -113,7 +113,7 @@ pub(crate) fn after_sent_requests(
                 Ok(runtime) => {
                     let (sender, receiver) = watch::channel(None);
                     slot.open = Some(receiver.clone());
-                    runtime.spawn(send_listing(client.clone(), key, lock_name, sender));
+                    runtime.spawn(send_listing(client.clone(), key, queue, sender));
                     Via::Shared(receiver)
                 },
                 Err(_) => Via::Nothing,
@@ -123,7 +123,7 @@ pub(crate) fn after_sent_requests(
     async move {
         match via {
             Via::Direct(outstanding, reply) => {
-                let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, lock_name)));
+                let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, queue)));
                 drop(outstanding);
                 Some(result)
             },
@@ -135,7 +135,7 @@ pub(crate) fn after_sent_requests(
 
 type BoxedReply = std::pin::Pin<Box<dyn Future<Output = Result<(Vec<String>, zk::Stat), zk::Error>> + Send>>;
 
-async fn send_listing(client: zk::Client, key: Key, lock_name: &'static str, sender: watch::Sender<Shared>) {
+async fn send_listing(client: zk::Client, key: Key, queue: Queue, sender: watch::Sender<Shared>) {
     // Let the acquires that are running now send their creates and join.
     tokio::task::yield_now().await;
     let (outstanding, reply) = {
@@ -146,7 +146,7 @@ async fn send_listing(client: zk::Client, key: Key, lock_name: &'static str, sen
         // Sent while nobody can join any more.
         (Outstanding::start(&mut slots, &key), client.get_children(&key.2))
     };
-    let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, lock_name)));
+    let result = reply.await.map(|(names, stat)| Arc::new(Listing::new(names, stat, queue)));
     drop(outstanding);
     let _ = sender.send(Some(result));
 }

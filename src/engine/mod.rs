@@ -48,7 +48,7 @@ use zookeeper_client as zk;
 
 use crate::engine::driver::{Decision, LockDriver};
 use crate::engine::listing::Listing;
-use crate::engine::naming::LockChild;
+use crate::engine::naming::{LockChild, Queue};
 use crate::engine::view::DirView;
 use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
 use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode, Target};
@@ -75,6 +75,8 @@ pub(crate) struct LockNode {
     pub sequence: i64,
     /// The zxid of the node's creation: the fencing token.
     pub czxid: i64,
+    /// Its kind in the recipe's queue.
+    pub kind: usize,
     /// The view of the directory we waited with, if we waited: the node is removed from it once
     /// deleted.
     pub view: Option<Arc<DirView>>,
@@ -89,7 +91,7 @@ impl LockNode {
             None => cleanup.delete(target),
             Some(view) => {
                 let name = self.path.rsplit('/').next().unwrap_or_default().to_owned();
-                let child = LockChild { name, sequence: self.sequence };
+                let child = LockChild { name, sequence: self.sequence, kind: self.kind };
                 cleanup.delete_then(target, move || view.deleted(&child))
             },
         }
@@ -203,10 +205,10 @@ impl LockInternals {
         }
     }
 
-    /// Lists the lock nodes of the directory in queue order (on the current session).
-    pub(crate) async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
+    /// Lists the lock nodes of `queue` in the directory in queue order (on the current session).
+    pub(crate) async fn sorted_children(&self, queue: Queue) -> Result<Vec<LockChild>> {
         let context = self.context();
-        OnSession { lock: self, context: &context }.sorted_children(lock_name).await
+        OnSession { lock: self, context: &context }.sorted_children(queue).await
     }
 }
 
@@ -231,7 +233,7 @@ impl OnSession<'_> {
         let prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
-            let (mut node, listing) = self.create(&prefix, &protection, driver.lock_name(), &mut pending).await?;
+            let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
             Span::current().record("sequence", node.sequence);
             match self.wait_for_turn(driver, &mut node, listing, wait).await? {
                 Turn::Acquired(own_watch) => {
@@ -334,9 +336,10 @@ impl OnSession<'_> {
         &self,
         prefix: &str,
         protection: &str,
-        lock_name: &'static str,
+        driver: &dyn LockDriver,
         pending: &mut PendingNode,
     ) -> Result<(LockNode, Option<Arc<Listing>>)> {
+        let (lock_name, kind) = (driver.lock_name(), driver.kind());
         let client = self.context.client();
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&self.lock.acls));
         let mut backoff = Backoff::new();
@@ -352,7 +355,8 @@ impl OnSession<'_> {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
                         pending.created(found.path.clone());
-                        let node = LockNode { path: found.path.into(), sequence, czxid: found.stat.czxid, view: None };
+                        let node =
+                            LockNode { path: found.path.into(), sequence, czxid: found.stat.czxid, kind, view: None };
                         return Ok((node, None));
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -378,7 +382,7 @@ impl OnSession<'_> {
                 },
                 Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options)?,
             };
-            let listing = listing::after_sent_requests(client, &self.lock.dir, lock_name);
+            let listing = listing::after_sent_requests(client, &self.lock.dir, driver.queue());
             match create.await {
                 Ok((stat, path, sequence)) => {
                     // A write is answered only once the leader committed it: evidence for the
@@ -391,7 +395,7 @@ impl OnSession<'_> {
                         // Sent no earlier than the create: an answer a later round pairs with.
                         self.context.session.answered(sent, false);
                     }
-                    let node = LockNode { path: path.into(), sequence, czxid, view: None };
+                    let node = LockNode { path: path.into(), sequence, czxid, kind, view: None };
                     return Ok((node, listing));
                 },
                 Err(CreateError::Parents(err)) => {
@@ -532,19 +536,19 @@ impl OnSession<'_> {
         }))
     }
 
-    /// Lists the lock nodes of the directory in queue order.
-    async fn sorted_children(&self, lock_name: &str) -> Result<Vec<LockChild>> {
+    /// Lists the lock nodes of `queue` in the directory in queue order.
+    async fn sorted_children(&self, queue: Queue) -> Result<Vec<LockChild>> {
         match retry_unknown(|| self.context.client().list_children(&self.lock.dir)).await {
-            Ok(children) => Ok(naming::sort_lock_children(children, lock_name)),
+            Ok(children) => Ok(naming::sort_lock_children(children, queue)),
             Err(zk::Error::NoNode) => Ok(Vec::new()),
             Err(err) => Err(Error::zk("list", &self.lock.dir, err)),
         }
     }
 
     /// Lists the directory with its stat (which identifies the directory instance).
-    async fn listing(&self, lock_name: &str) -> Result<Option<Arc<Listing>>> {
+    async fn listing(&self, queue: Queue) -> Result<Option<Arc<Listing>>> {
         match retry_unknown(|| self.context.client().get_children(&self.lock.dir)).await {
-            Ok((names, dir_stat)) => Ok(Some(Arc::new(Listing::new(names, dir_stat, lock_name)))),
+            Ok((names, dir_stat)) => Ok(Some(Arc::new(Listing::new(names, dir_stat, queue)))),
             Err(zk::Error::NoNode) => Ok(None),
             Err(err) => Err(Error::zk("list", &self.lock.dir, err)),
         }
@@ -558,14 +562,18 @@ impl OnSession<'_> {
         pipelined: Option<Arc<Listing>>,
         wait: Wait,
     ) -> Result<Turn> {
-        let lock_name = driver.lock_name();
-        let ours = LockChild { name: node.path[self.lock.dir.len() + 1..].to_owned(), sequence: node.sequence };
+        let queue = driver.queue();
+        let ours = LockChild {
+            name: node.path[self.lock.dir.len() + 1..].to_owned(),
+            sequence: node.sequence,
+            kind: node.kind,
+        };
         // The pipelined listing was answered after our create, so it contains our node; should it
         // not (a reply from another connection), list again before concluding anything.
         let mut relisted = pipelined.is_none();
         let mut listing = match pipelined {
             Some(listing) => Some(listing),
-            None => self.listing(lock_name).await?,
+            None => self.listing(queue).await?,
         };
         let (listing, ours_at) = loop {
             let Some(current) = listing else {
@@ -578,9 +586,9 @@ impl OnSession<'_> {
                 return Ok(Turn::NodeGone);
             }
             relisted = true;
-            listing = self.listing(lock_name).await?;
+            listing = self.listing(queue).await?;
         };
-        match driver.decide(&mut listing.children[..ours_at].iter().rev()) {
+        match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
             Decision::Acquired => return Ok(Turn::Acquired(None)),
             Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
             Decision::WaitFor(_) => {},
@@ -589,7 +597,7 @@ impl OnSession<'_> {
         // Wait with the process's shared view of the directory (see `engine/view.rs` for why deciding
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
-        let view = DirView::of(&self.lock.dir, lock_name, &listing.dir_stat);
+        let view = DirView::of(&self.lock.dir, queue, &listing.dir_stat);
         view.merge(&listing.children, ours.sequence);
         drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted

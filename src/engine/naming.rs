@@ -5,6 +5,11 @@
 //! again), `lock-` is the lock name, and `<sequence>` is the 10-digit counter the server appends to
 //! `EPHEMERAL_SEQUENTIAL` nodes. Curator's non-protected names (`lock-<sequence>`) are understood
 //! too, so Curator and zk-recipes clients can share a lock.
+//!
+//! The nodes of one lock directory form one queue, ordered by sequence number (one counter, the
+//! directory's). A recipe's [`Queue`] names every kind of node that queues there: a mutex's
+//! `lock-` (and kazoo's `__lock__`, so a kazoo `Lock` on the same path is seen), a read/write
+//! lock's `__READ__` and `__WRIT__`. Anything else in the directory is a foreign child, ignored.
 
 use uuid::Uuid;
 
@@ -12,6 +17,16 @@ use uuid::Uuid;
 pub(crate) const PROTECTED_PREFIX: &str = "_c_";
 /// The lock name Curator's `InterProcessMutex` uses.
 pub(crate) const MUTEX_LOCK_NAME: &str = "lock-";
+/// The lock name of kazoo's `Lock` (its nodes are `<hex uuid>__lock__<sequence>`).
+pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
+
+/// The lock names whose nodes queue together in one lock directory; a node's *kind* is the index
+/// of its lock name here.
+pub(crate) type Queue = &'static [&'static str];
+
+/// A mutex's queue: Curator's and ours (kind 0), and kazoo's `Lock` (kind 1), which queues in the
+/// same directory with the same sequence counter.
+pub(crate) const MUTEX_QUEUE: Queue = &[MUTEX_LOCK_NAME, KAZOO_LOCK_NAME];
 
 /// The `_c_<uuid>-` part of a node name, unique to one acquire attempt.
 pub(crate) fn protection(guid: &Uuid) -> String {
@@ -26,6 +41,8 @@ pub(crate) struct LockChild {
     pub name: String,
     /// The sequence number the server appended.
     pub sequence: i64,
+    /// Its kind: the index of its lock name in the recipe's [`Queue`].
+    pub kind: usize,
 }
 
 impl Ord for LockChild {
@@ -53,11 +70,16 @@ pub(crate) fn parse_sequence(name: &str, lock_name: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
-/// Keeps the lock nodes among `children` and orders them by sequence number (queue order).
-pub(crate) fn sort_lock_children(children: Vec<String>, lock_name: &str) -> Vec<LockChild> {
+/// The sequence number and kind of a node of `queue` named `name`; `None` for a foreign child.
+pub(crate) fn parse_child(name: &str, queue: Queue) -> Option<(i64, usize)> {
+    queue.iter().enumerate().find_map(|(kind, lock_name)| parse_sequence(name, lock_name).map(|seq| (seq, kind)))
+}
+
+/// Keeps the nodes of `queue` among `children` and orders them by sequence number (queue order).
+pub(crate) fn sort_lock_children(children: Vec<String>, queue: Queue) -> Vec<LockChild> {
     let mut nodes: Vec<LockChild> = children
         .into_iter()
-        .filter_map(|name| parse_sequence(&name, lock_name).map(|sequence| LockChild { name, sequence }))
+        .filter_map(|name| parse_child(&name, queue).map(|(sequence, kind)| LockChild { name, sequence, kind }))
         .collect();
     nodes.sort();
     nodes
@@ -92,9 +114,25 @@ mod tests {
             "_c_a-lock-0000000010".to_string(),
             "lock-0000000001".to_string(),
         ];
-        let sorted = sort_lock_children(children, "lock-");
+        let sorted = sort_lock_children(children, &["lock-"]);
         let names: Vec<_> = sorted.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["lock-0000000001", "_c_b-lock-0000000003", "_c_a-lock-0000000010"]);
+    }
+
+    #[test]
+    fn a_queue_of_several_kinds() {
+        let children = vec![
+            "_c_b-__WRIT__0000000003".to_string(),
+            "_c_a-__READ__0000000001".to_string(),
+            "_c_c-lock-0000000002".to_string(),
+        ];
+        let sorted = sort_lock_children(children, &["__READ__", "__WRIT__"]);
+        let kinds: Vec<_> = sorted.iter().map(|c| (c.sequence, c.kind)).collect();
+        assert_eq!(kinds, [(1, 0), (3, 1)]);
+        let kazoo = "0f1e2d3c4b5a69788796a5b4c3d2e1f0__lock__0000000007";
+        assert_eq!(parse_child(kazoo, MUTEX_QUEUE), Some((7, 1)));
+        assert_eq!(parse_child("_c_x-lock-0000000008", MUTEX_QUEUE), Some((8, 0)));
+        assert_eq!(parse_child("_c_x-__READ__0000000008", MUTEX_QUEUE), None);
     }
 
     #[test]

@@ -39,14 +39,14 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use zookeeper_client as zk;
 
 use crate::engine::driver::{Decision, LockDriver};
-use crate::engine::naming::LockChild;
+use crate::engine::naming::{LockChild, Queue};
 // Every update of the view is a single map operation: a panic cannot leave a half-done change.
 use crate::sync::lock;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct ViewKey {
     dir: String,
-    lock_name: &'static str,
+    queue: Queue,
     dir_czxid: i64,
     dir_ctime: i64,
 }
@@ -76,8 +76,8 @@ fn registry() -> &'static Registry {
 
 impl DirView {
     /// The process's view of the directory `dir` whose stat a listing returned.
-    pub(crate) fn of(dir: &str, lock_name: &'static str, dir_stat: &zk::Stat) -> Arc<DirView> {
-        let key = ViewKey { dir: dir.to_owned(), lock_name, dir_czxid: dir_stat.czxid, dir_ctime: dir_stat.ctime };
+    pub(crate) fn of(dir: &str, queue: Queue, dir_stat: &zk::Stat) -> Arc<DirView> {
+        let key = ViewKey { dir: dir.to_owned(), queue, dir_czxid: dir_stat.czxid, dir_ctime: dir_stat.ctime };
         let mut views = lock(registry());
         if let Some(view) = views.get(&key).and_then(Weak::upgrade) {
             return view;
@@ -108,7 +108,7 @@ impl DirView {
         if !state.alive.contains(ours) {
             return None;
         }
-        Some(driver.decide(&mut state.alive.range(..ours).rev()))
+        Some(driver.decide(ours.kind, &mut state.alive.range(..ours).rev()))
     }
 
     /// Records that `child` is gone.
@@ -133,7 +133,7 @@ mod tests {
     use crate::engine::driver::StandardDriver;
 
     fn child(sequence: i64) -> LockChild {
-        LockChild { name: format!("_c_x-lock-{sequence:010}"), sequence }
+        LockChild { name: format!("_c_x-lock-{sequence:010}"), sequence, kind: 0 }
     }
 
     fn stat(czxid: i64) -> zk::Stat {
@@ -154,9 +154,9 @@ mod tests {
 
     #[test]
     fn views_are_shared_per_directory_instance() {
-        let a = DirView::of("/view-test/a", "lock-", &stat(1));
-        let b = DirView::of("/view-test/a", "lock-", &stat(1));
-        let c = DirView::of("/view-test/a", "lock-", &stat(2));
+        let a = DirView::of("/view-test/a", &["lock-"], &stat(1));
+        let b = DirView::of("/view-test/a", &["lock-"], &stat(1));
+        let c = DirView::of("/view-test/a", &["lock-"], &stat(2));
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &c));
         drop((a, b, c));
@@ -165,10 +165,10 @@ mod tests {
 
     #[test]
     fn nodes_sharing_a_sequence_number_are_both_kept() {
-        let view = DirView::of("/view-test/c", "lock-", &stat(1));
-        let mutex = StandardDriver { lock_name: "lock-", max_leases: 1 };
-        let real = LockChild { name: "_c_a-lock-0000000042".into(), sequence: 42 };
-        let copy = LockChild { name: "lock-0000000042".into(), sequence: 42 };
+        let view = DirView::of("/view-test/c", &["lock-"], &stat(1));
+        let mutex = StandardDriver { queue: &["lock-"], kind: 0, max_leases: 1 };
+        let real = LockChild { name: "_c_a-lock-0000000042".into(), sequence: 42, kind: 0 };
+        let copy = LockChild { name: "lock-0000000042".into(), sequence: 42, kind: 0 };
         let ours = child(43);
         view.merge(&[real.clone(), copy.clone(), ours.clone()], 43);
         assert_eq!(view.decide(&mutex, &real), Some(Decision::Acquired));
@@ -178,8 +178,8 @@ mod tests {
 
     #[test]
     fn merge_covers_ranges_once_and_deletions_stick() {
-        let view = DirView::of("/view-test/b", "lock-", &stat(1));
-        let mutex = StandardDriver { lock_name: "lock-", max_leases: 1 };
+        let view = DirView::of("/view-test/b", &["lock-"], &stat(1));
+        let mutex = StandardDriver { queue: &["lock-"], kind: 0, max_leases: 1 };
         view.merge(&[child(1), child(2), child(3)], 3);
         assert_eq!(view.decide(&mutex, &child(3)), Some(Decision::WaitFor(child(2))));
         view.deleted(&child(1));

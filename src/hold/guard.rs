@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::engine::Grant;
 use crate::error::Result;
 use crate::hold::fenced::FencedWriter;
-use crate::engine::Grant;
 use crate::hold::holds::{confirm, Hold, Holds, Pin};
 use crate::state::{LockState, LossReason};
 

@@ -66,7 +66,6 @@ pub(crate) struct Pin(Option<Arc<Hold>>);
 
 impl Pin {
     /// Pins `hold` if one of its guards is still alive and it is not known lost.
-    #[allow(dead_code)] // the read/write lock's downgrade is its first user
     pub(crate) fn take(hold: &Arc<Hold>) -> Result<Pin> {
         if let LockState::Lost(reason) = hold.state() {
             return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason });
@@ -200,6 +199,11 @@ impl Holds {
     /// An empty table for a lock whose metrics carry `recipe`.
     pub(crate) fn new(recipe: &'static str) -> Arc<Holds> {
         Arc::new(Holds { live: Mutex::new(Vec::new()), next_id: AtomicU64::new(0), recipe })
+    }
+
+    /// The `recipe` label of this lock's metrics.
+    pub(crate) fn recipe(&self) -> &'static str {
+        self.recipe
     }
 
     /// Whether any hold has a guard alive.

@@ -9,3 +9,4 @@
 
 pub(crate) mod builder;
 pub(crate) mod mutex;
+pub(crate) mod rw_lock;

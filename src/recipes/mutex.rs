@@ -8,12 +8,12 @@ use std::time::Duration;
 use tracing::{field, info_span, Instrument};
 use zookeeper_client as zk;
 
-use crate::engine::driver::StandardDriver;
-use crate::engine::naming::MUTEX_LOCK_NAME;
+use crate::engine::driver::{Decision, LockDriver, StandardDriver};
+use crate::engine::naming::{LockChild, MUTEX_LOCK_NAME, MUTEX_QUEUE};
 use crate::engine::{LockInternals, Wait};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
-use crate::hold::holds::Holds;
+use crate::hold::holds::{Holds, Pin};
 use crate::hold::scope::{run_in_scope, scope_hold};
 use crate::metrics::{self, Outcome};
 use crate::recipes::builder::LockBuilder;
@@ -25,7 +25,7 @@ use crate::state::LossReason;
 /// The `recipe` label of this recipe's metrics.
 const RECIPE: &str = "mutex";
 
-const MUTEX_DRIVER: StandardDriver = StandardDriver { lock_name: MUTEX_LOCK_NAME, max_leases: 1 };
+static MUTEX_DRIVER: StandardDriver = StandardDriver { queue: MUTEX_QUEUE, kind: 0, max_leases: 1 };
 
 /// A fair, re-entrant mutex shared by every process that uses the same ZooKeeper lock path.
 ///
@@ -104,9 +104,33 @@ impl std::fmt::Debug for InterProcessMutex {
 }
 
 struct MutexInner {
-    internals: LockInternals,
+    /// The engine, shared with the other lock kinds of the same recipe (a read/write lock's).
+    internals: Arc<LockInternals>,
     /// The holds of this mutex; also what identifies it to lock scopes.
     holds: Arc<Holds>,
+    /// Who holds the lock, whom a waiter watches.
+    driver: &'static dyn LockDriver,
+    /// How an acquire outside this lock's own scopes enters (`None`: it queues).
+    entry: Option<Box<dyn EntryRule>>,
+    /// The `recipe` label of its metrics.
+    recipe: &'static str,
+}
+
+/// How an acquire that is not a re-entry enters the lock, for a lock that is one kind of a recipe
+/// with several: a read/write lock's read lock is granted at once inside a scope of its write lock
+/// (the downgrade), its write lock refuses to be acquired inside a scope of its read lock.
+pub(crate) trait EntryRule: Send + Sync {
+    /// Decided when the acquire starts, in the acquiring task (where lock scopes are seen).
+    fn entry(&self) -> Result<Entry>;
+}
+
+/// See [`EntryRule`].
+pub(crate) enum Entry {
+    /// Queue with the lock's driver.
+    Queue,
+    /// Queue a node with `driver` (which grants at once), as a hold that keeps `pin` until it
+    /// ends.
+    Pinned { driver: &'static dyn LockDriver, pin: Pin },
 }
 
 /// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
@@ -127,8 +151,8 @@ impl LockBuilder<InterProcessMutex> {
     /// are sent with the lock node's when they are missing (so the longer the path, the less
     /// node data fits).
     pub fn build(self) -> Result<InterProcessMutex> {
-        let internals = self.internals(MUTEX_LOCK_NAME)?;
-        Ok(InterProcessMutex { inner: Arc::new(MutexInner { internals, holds: Holds::new(RECIPE) }) })
+        let internals = Arc::new(self.internals(MUTEX_LOCK_NAME)?);
+        Ok(InterProcessMutex::of_kind(internals, Holds::new(RECIPE), &MUTEX_DRIVER, None))
     }
 }
 
@@ -142,13 +166,27 @@ pub struct Participant {
     pub sequence: i64,
     /// The bytes stored in its node (see [`MutexBuilder::node_data`]).
     pub data: Vec<u8>,
-    /// Whether this participant holds the lock (it is first in the queue).
+    /// Whether this participant holds the lock by the lock's rule, from the nodes listed ahead
+    /// of it: for a mutex, it is first in the queue; for a read lock, no write node is ahead of
+    /// it. (A read granted by a downgrade holds with a write node ahead: it is listed `false`.)
     pub is_holder: bool,
     /// The ZooKeeper session that owns the node (its `ephemeralOwner`).
     pub session_id: i64,
 }
 
 impl InterProcessMutex {
+    /// One kind of lock on `internals`' lock path: its own holds and scopes, nodes queued with
+    /// `driver`, acquires entering by `entry`.
+    pub(crate) fn of_kind(
+        internals: Arc<LockInternals>,
+        holds: Arc<Holds>,
+        driver: &'static dyn LockDriver,
+        entry: Option<Box<dyn EntryRule>>,
+    ) -> InterProcessMutex {
+        let recipe = holds.recipe();
+        InterProcessMutex { inner: Arc::new(MutexInner { internals, holds, driver, entry, recipe }) }
+    }
+
     /// A mutex on the lock path `path` (absolute, relative to the client's chroot if any).
     ///
     /// Missing parents are created as container nodes on the first acquire, in one `multi` with
@@ -266,25 +304,37 @@ impl InterProcessMutex {
         let started = std::time::Instant::now();
         if let Some(hold) = scope_hold(&self.inner.holds) {
             if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
-                metrics::acquire(RECIPE, Outcome::Reentered, started.elapsed());
+                metrics::acquire(self.inner.recipe, Outcome::Reentered, started.elapsed());
                 return Ok(Some(guard));
             }
         }
-        let result = self.queue(wait, timeout).await;
+        let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry());
+        let result = match entry {
+            Ok(Entry::Queue) => self.queue(self.inner.driver, None, wait, timeout).await,
+            Ok(Entry::Pinned { driver, pin }) => self.queue(driver, Some(pin), wait, timeout).await,
+            Err(err) => Err(err),
+        };
         let outcome = match &result {
             Ok(Some(_)) => Outcome::Acquired,
             Ok(None) if timeout.is_some() => Outcome::TimedOut,
             Ok(None) => Outcome::NotAvailable,
             Err(_) => Outcome::Failed,
         };
-        metrics::acquire(RECIPE, outcome, started.elapsed());
+        metrics::acquire(self.inner.recipe, outcome, started.elapsed());
         result
     }
 
-    /// An acquire that queues a node (no re-entry).
-    async fn queue(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
-        let span = info_span!("acquire", lock_path = %self.path(), sequence = field::Empty);
-        let attempt = self.inner.internals.attempt(&MUTEX_DRIVER, wait).instrument(span);
+    /// An acquire that queues a node with `driver` (no re-entry); granted, the hold keeps `pin`.
+    /// The pin is dropped with this future if it is not granted, also when cancelled.
+    async fn queue(
+        &self,
+        driver: &'static dyn LockDriver,
+        pin: Option<Pin>,
+        wait: Wait,
+        timeout: Option<Duration>,
+    ) -> Result<Option<LockGuard>> {
+        let span = info_span!("acquire", lock_path = %self.path(), lock = driver.lock_name(), sequence = field::Empty);
+        let attempt = self.inner.internals.attempt(driver, wait).instrument(span);
         let node = match timeout {
             None => attempt.await?,
             Some(timeout) => {
@@ -293,7 +343,7 @@ impl InterProcessMutex {
                 tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
             },
         };
-        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, None)))
+        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, pin)))
     }
 
     fn released_meanwhile(&self) -> Error {
@@ -310,11 +360,12 @@ impl InterProcessMutex {
         let internals = &self.inner.internals;
         let context = internals.context();
         let client = context.client();
-        let children = internals.sorted_children(MUTEX_LOCK_NAME).await?;
+        let children = internals.sorted_children(self.inner.driver.queue()).await?;
         let paths: Vec<String> = children.iter().map(|c| format!("{}/{}", internals.dir(), c.name)).collect();
         // All reads are sent before any reply is awaited.
         let reads: Vec<_> = paths.iter().map(|path| client.get_data(path)).collect();
         let mut participants = Vec::with_capacity(children.len());
+        let mut present: Vec<&LockChild> = Vec::with_capacity(children.len());
         for ((child, path), read) in children.iter().zip(&paths).zip(reads) {
             let (data, stat) = match read.await {
                 Ok(read) => read,
@@ -325,7 +376,10 @@ impl InterProcessMutex {
                     Err(err) => return Err(Error::zk("read lock node", path, err)),
                 },
             };
-            let is_holder = participants.is_empty();
+            // Whether the driver grants it the lock with the nodes listed ahead of it.
+            let is_holder =
+                self.inner.driver.decide(child.kind, &mut present.iter().rev().copied()) == Decision::Acquired;
+            present.push(child);
             participants.push(Participant {
                 path: path.clone(),
                 sequence: child.sequence,
