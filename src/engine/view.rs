@@ -18,10 +18,18 @@
 //! - Merging only the range of sequence numbers above what earlier merges covered keeps the
 //!   invariant: a node below an earlier merger's sequence number was in that merger's listing.
 //!
-//! So if the view has nothing alive below our node, nothing alive is below it on the server:
-//! for a mutex, we hold the lock. Stale entries (deleted without our noticing) only make the
-//! view larger than the truth, which is safe; a waiter that watches one gets `NoNode` and
-//! removes it, so each stale entry costs one read, once per process.
+//! So the nodes the view has below ours are a *superset* of the nodes alive below ours on the
+//! server. A driver decides from that superset, and every driver is monotone (`driver.rs`: if it
+//! grants with a set of nodes ahead, it grants with any subset), so a grant from the view is a
+//! grant from the truth — whatever the driver reads: the nearest node (a mutex), the n-th (a
+//! semaphore), or the nearest *writer* past any number of readers (a read lock). For a mutex: if
+//! the view has nothing alive below our node, nothing alive is below it on the server. Stale
+//! entries (deleted without our noticing) only make the view larger than the truth, which is
+//! safe; a waiter that watches one gets `NoNode` and removes it, so each stale entry costs one
+//! read, once per process.
+//!
+//! The view holds every kind of node of the recipe's queue (a read/write lock's readers and
+//! writers alike): the invariant is about sequence numbers, not kinds.
 //!
 //! One caveat: the view is shared by the sessions of a process, which may be connected to
 //! different servers of an ensemble. A deletion recorded by one session is a fact, but another
