@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{client, eventually, unique_path, zookeeper};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use zk_recipes::{InterProcessMutex, LossReason, ManagedClient};
+use zk_recipes::{InterProcessMutex, InterProcessReadWriteLock, LossReason, ManagedClient};
 use zk_testcontainers::expire_session;
 
 /// One recorded metric: its name, its labels, its value.
@@ -131,4 +131,26 @@ async fn every_documented_metric_is_recorded() {
     let recorded = Recorded::take(&snapshotter);
     assert_eq!(recorded.counter("zk_recipes_acquires_total", &[("outcome", "failed")]), 1);
     holder.release().await.unwrap();
+
+    // The two locks of a read/write lock record under their own labels: a read, then a write
+    // handed over by it.
+    let rw_path = unique_path("metrics-rw");
+    let readers = InterProcessReadWriteLock::new(client().await, &rw_path).unwrap();
+    let writers = InterProcessReadWriteLock::new(client().await, &rw_path).unwrap();
+    let read = readers.read_lock().acquire().await.unwrap();
+    let writer = tokio::spawn({
+        let write = writers.write_lock();
+        async move { write.acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    read.release().await.unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(10), writer).await.unwrap().unwrap().unwrap();
+    write.release().await.unwrap();
+    let recorded = Recorded::take(&snapshotter);
+    for recipe in ["read_lock", "write_lock"] {
+        let acquired = [("recipe", recipe), ("outcome", "acquired")];
+        assert_eq!(recorded.counter("zk_recipes_acquires_total", &acquired), 1, "{recipe}");
+        assert_eq!(recorded.samples("zk_recipes_hold_seconds", &[("recipe", recipe)]).len(), 1, "{recipe}");
+    }
+    assert_eq!(recorded.counter("zk_recipes_handoffs_total", &[("recipe", "write_lock")]), 1);
 }
