@@ -288,7 +288,8 @@ async fn foreign_children_never_block_or_grant() {
     let admin = client().await;
     admin.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
     let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    for name in ["aaa-foreign", "lock-notanumber", "lock-", "0000000000", "__lock__0000000000"] {
+    // (`<uuid>__lock__<seq>` is not foreign: it is kazoo's lock node, see below.)
+    for name in ["aaa-foreign", "lock-notanumber", "lock-", "0000000000", "__rlock__0000000000"] {
         admin.create(&format!("{path}/{name}"), b"x", &persistent).await.unwrap();
     }
     let a = InterProcessMutex::new(client().await, &path).unwrap();
@@ -301,6 +302,35 @@ async fn foreign_children_never_block_or_grant() {
     held.release().await.unwrap();
     b.acquire_timeout(Duration::from_secs(5)).await.unwrap().expect("free").release().await.unwrap();
     assert_eq!(children(&admin, &path).await.len(), 5, "only foreign children remain");
+}
+
+/// kazoo's `Lock` names its nodes `<hex uuid>__lock__<seq>` in the same directory, with the same
+/// sequence counter: a mutex queues behind one (and kazoo, built with
+/// `extra_lock_patterns=["-lock-"]`, behind ours: `tests/mixed_interop.rs`).
+#[tokio::test]
+async fn kazoo_lock_nodes_are_queued_behind() {
+    let path = unique_path("kazoo-named");
+    let kazoo_like = client().await;
+    kazoo_like.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let ephemeral_sequential = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let prefix = format!("{path}/{}__lock__", uuid::Uuid::new_v4().simple());
+    let (_, sequence) = kazoo_like.create(&prefix, b"", &ephemeral_sequential).await.unwrap();
+    let kazoo_node = format!("{prefix}{sequence}");
+    let mutex = InterProcessMutex::new(client().await, &path).unwrap();
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted ahead of a kazoo holder");
+    let participants = mutex.participants().await.unwrap();
+    assert_eq!(participants.len(), 1);
+    assert!(participants[0].is_holder && participants[0].path == kazoo_node, "{participants:?}");
+    let waiter = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.acquire().await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "granted while the kazoo node exists");
+    kazoo_like.delete(&kazoo_node, None).await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("granted after kazoo").unwrap();
+    guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
 }
 
 #[tokio::test]
