@@ -1,6 +1,6 @@
 //! Three implementations of ZooKeeper's lock recipe on one lock path: kazoo's `Lock` (Python,
 //! Debian's kazoo 2.8), Curator's `InterProcessMutex` (Java, Debian's Curator 5.4) and our
-//! `InterProcessMutex`.
+//! `InterProcessMutex`; and `zookeeper-client`'s own `Client::lock` against ours.
 //!
 //! # Why they order one queue the same way
 //!
@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 use common::interop::{curator_available, kazoo_available, nodes_ahead, Holder, KazooPatterns};
 use common::*;
 use zk_recipes::{InterProcessMutex, LockState};
+use zookeeper_client as zk;
 
 /// Waits until `n` nodes are queued on `mutex`'s path and returns them (paths, in queue order).
 async fn queued(mutex: &InterProcessMutex, n: usize, what: &str) -> Vec<String> {
@@ -233,5 +234,97 @@ async fn curator_passes_over_a_kazoo_node_queued_ahead() {
     kazoo.expect("RELEASED").await;
     kazoo.finish().await;
     guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// `zookeeper-client`'s `Client::lock` with `LockPrefix::new_curator(dir, "lock-")` on the path
+/// of our mutex, holding for `hold` after its grant; returns when and what was ahead at the grant.
+fn zkc_lock(client: zk::Client, path: &str, hold: Duration) -> tokio::task::JoinHandle<(Instant, Vec<String>, String)> {
+    let path = path.to_owned();
+    tokio::spawn(async move {
+        let prefix = zk::LockPrefix::new_curator(&path, "lock-").unwrap();
+        let lock = client.lock(prefix, b"zkc", zk::LockOptions::new(zk::Acls::anyone_all())).await.unwrap();
+        let granted = Instant::now();
+        let ahead = nodes_ahead(&client, &path, lock.lock_path()).await;
+        let node = lock.lock_path().to_owned();
+        tokio::time::sleep(hold).await;
+        drop(lock); // deletes its node in the background
+        (granted, ahead, node)
+    })
+}
+
+/// `zookeeper-client` 0.11's own lock is safe on our (and Curator's) path: Curator's node names,
+/// sorted by the sequence after `lock-`, and it waits for the node right before its own. Ours,
+/// then zkc, then ours: granted in that order, each only after the node ahead was gone; and zkc
+/// waits for us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_client_lock_and_zk_recipes_share_one_queue() {
+    let path = unique_path("zkc");
+    let first = InterProcessMutex::new(client().await, &path).unwrap();
+    let held = first.acquire().await.unwrap();
+    let hold = Duration::from_millis(1000);
+    let zkc = zkc_lock(client().await, &path, hold);
+    let queue = queued(&first, 2, "zkc queued").await;
+    assert!(is_curator_format(&queue[1]), "zkc's node: {queue:?}");
+    let last_client = client().await;
+    let last = InterProcessMutex::new(last_client.clone(), &path).unwrap();
+    let waiter = tokio::spawn({
+        let path = path.clone();
+        async move {
+            let guard = last.acquire().await.unwrap();
+            let granted = Instant::now();
+            let ahead = nodes_ahead(&last_client, &path, guard.lock_path()).await;
+            (guard, granted, ahead)
+        }
+    });
+    queued(&first, 3, "ours queued behind zkc").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!zkc.is_finished() && !waiter.is_finished(), "granted while we hold the lock");
+
+    held.release().await.unwrap();
+    let (zkc_granted, zkc_ahead, zkc_node) =
+        tokio::time::timeout(Duration::from_secs(30), zkc).await.expect("zkc granted").unwrap();
+    assert_eq!(zkc_ahead, Vec::<String>::new(), "zkc granted while nodes ahead of {zkc_node} still existed");
+    let (guard, granted, ahead) =
+        tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("ours granted").unwrap();
+    assert_eq!(ahead, Vec::<String>::new(), "ours granted while nodes ahead still existed");
+    let after_zkc = granted.duration_since(zkc_granted);
+    assert!(after_zkc + SCHED_SLACK >= hold, "ours granted {after_zkc:?} after zkc, which holds {hold:?}");
+
+    // zkc waits for us.
+    let zkc = zkc_lock(client().await, &path, Duration::ZERO);
+    queued(&first, 2, "zkc queued").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!zkc.is_finished(), "zkc granted while we hold the lock");
+    guard.release().await.unwrap();
+    let (_, zkc_ahead, _) = tokio::time::timeout(Duration::from_secs(30), zkc).await.expect("zkc granted").unwrap();
+    assert_eq!(zkc_ahead, Vec::<String>::new(), "zkc granted while our node still existed");
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// `zookeeper-client`'s lock keeps only children whose name contains its lock name (`lock-`):
+/// a kazoo node (`__lock__`) is invisible to it, so it is granted over a kazoo holder — unsafe
+/// with kazoo, like Curator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_client_lock_ignores_a_kazoo_holder() {
+    if !kazoo_available() {
+        return;
+    }
+    let zk = zookeeper().await;
+    let path = unique_path("zkc-kazoo");
+    let hold = Duration::from_secs(5);
+    let mut kazoo =
+        Holder::kazoo(zk.connect_string(), &path, Duration::from_secs(60), hold, KazooPatterns::CuratorNodes);
+    kazoo.expect("CONNECTED").await;
+    kazoo.expect("ACQUIRED").await;
+    let kazoo_node = children(&client().await, &path).await.pop().expect("kazoo's node");
+    let (_, ahead, _) = tokio::time::timeout(Duration::from_secs(30), zkc_lock(client().await, &path, Duration::ZERO))
+        .await
+        .expect("zkc granted at once")
+        .unwrap();
+    assert_eq!(ahead, [kazoo_node], "zkc granted while kazoo's node, ahead of its own, exists");
+    kazoo.expect("RELEASING").await;
+    kazoo.expect("RELEASED").await;
+    kazoo.finish().await;
     assert_no_nodes_left(&client().await, &path).await;
 }
