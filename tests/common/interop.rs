@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use zookeeper_client as zk;
 
 /// Debian's Curator jars (`libcurator-*-java`, `libzookeeper-java`, `libslf4j-java`).
@@ -92,6 +92,7 @@ fn millis(d: Duration) -> String {
 pub struct Holder {
     what: String,
     child: Child,
+    stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
@@ -102,6 +103,28 @@ impl Holder {
         let jars = CURATOR_JARS.join(":");
         let args = ["-cp", &jars, &source("CuratorHolder.java"), connect, path, &millis(wait), &millis(hold)];
         Holder::spawn("Curator", "java", &args)
+    }
+
+    /// Curator's `InterProcessReadWriteLock` on `path` (`tests/interop/CuratorRwHolder.java`) in
+    /// `mode` (`read`, `write` or `downgrade`): waits up to `wait`, holds for `hold` (`None`: until
+    /// [`release_now`](Holder::release_now)). With `markers`, it keeps an ephemeral node
+    /// `<markers>/read-<pid>` or `write-<pid>` while it holds the read or write lock.
+    pub fn curator_rw(
+        connect: &str,
+        path: &str,
+        mode: &str,
+        wait: Duration,
+        hold: Option<Duration>,
+        markers: Option<&str>,
+    ) -> Holder {
+        let jars = CURATOR_JARS.join(":");
+        let hold = hold.map_or_else(|| "-1".to_owned(), millis);
+        let mut args =
+            vec!["-cp".into(), jars, source("CuratorRwHolder.java"), connect.into(), path.into(), mode.into()];
+        args.extend([millis(wait), hold]);
+        args.extend(markers.map(str::to_owned));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Holder::spawn(&format!("Curator {mode}"), "java", &args)
     }
 
     /// kazoo's `Lock` on `path` (`tests/interop/kazoo_holder.py`): waits up to `wait`, holds for
@@ -120,13 +143,14 @@ impl Holder {
     fn spawn(what: &str, program: &str, args: &[&str]) -> Holder {
         let mut child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|err| panic!("start {what} ({program}): {err}"));
+        let stdin = child.stdin.take();
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Holder { what: what.to_owned(), child, lines }
+        Holder { what: what.to_owned(), child, stdin, lines }
     }
 
     /// The next line it prints, within [`LINE_TIMEOUT`].
@@ -142,6 +166,11 @@ impl Holder {
         let line = self.next().await;
         assert_eq!(line, want, "{} printed {line:?}, expected {want:?}", self.what);
         Instant::now()
+    }
+
+    /// Ends a hold of no set length (closes its standard input).
+    pub fn release_now(&mut self) {
+        assert!(self.stdin.take().is_some(), "the {} process was told to release already", self.what);
     }
 
     /// Asserts that it prints nothing for `period` (it is waiting).
