@@ -4,77 +4,16 @@
 //! Needs `java` (a JDK, for single-file source launch) and `/usr/share/java/curator-*.jar`
 //! (`apt-get install libcurator-recipes-java libcurator-framework-java libcurator-client-java
 //! libslf4j-java`). Without them the test says so and passes, unless `REQUIRE_CURATOR=1`
-//! (CI sets it and installs them), in which case it fails.
+//! (CI sets it and installs them), in which case it fails. The Curator process and its line
+//! protocol: `tests/common/interop.rs`, `tests/interop/CuratorHolder.java`.
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::interop::{curator_available, Holder};
 use common::*;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 use zk_recipes::InterProcessMutex;
-
-const JARS: &[&str] = &[
-    "/usr/share/java/curator-recipes.jar",
-    "/usr/share/java/curator-framework.jar",
-    "/usr/share/java/curator-client.jar",
-    "/usr/share/java/zookeeper.jar",
-    "/usr/share/java/slf4j-nop.jar",
-];
-
-fn curator_available() -> bool {
-    let jars = JARS.iter().all(|jar| std::path::Path::new(jar).exists());
-    let java = std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
-    if !(jars && java) {
-        let message = "Curator interop test needs java and Debian's libcurator-*-java, libzookeeper-java, \
-                       libslf4j-java (apt-get install libcurator-recipes-java libcurator-framework-java \
-                       libcurator-client-java libslf4j-java)";
-        assert!(std::env::var("REQUIRE_CURATOR").as_deref() != Ok("1"), "{message}");
-        eprintln!("skipped: {message}");
-    }
-    jars && java
-}
-
-struct Curator {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl Curator {
-    fn start(connect: &str, path: &str, wait: Duration, hold: Duration) -> Curator {
-        let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/CuratorHolder.java");
-        let mut child = Command::new("java")
-            .args(["-cp", &JARS.join(":"), source, connect, path])
-            .args([wait.as_millis().to_string(), hold.as_millis().to_string()])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start java");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Curator { child, lines }
-    }
-
-    /// The next line Curator prints, within 60 s (the JVM compiles the source first).
-    async fn next(&mut self) -> String {
-        match tokio::time::timeout(Duration::from_secs(60), self.lines.next_line()).await {
-            Ok(Ok(Some(line))) => line,
-            other => panic!("no line from the Curator process: {other:?}"),
-        }
-    }
-
-    async fn expect(&mut self, want: &str) -> Instant {
-        let line = self.next().await;
-        assert_eq!(line, want, "Curator printed {line:?}, expected {want:?}");
-        Instant::now()
-    }
-
-    async fn finish(mut self) {
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("java exits");
-        assert!(status.expect("java status").success());
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_and_zk_recipes_share_a_lock() {
@@ -87,7 +26,7 @@ async fn curator_and_zk_recipes_share_a_lock() {
     // We hold it: Curator cannot get it.
     let ours = InterProcessMutex::new(client().await, &path).unwrap();
     let held = ours.acquire().await.unwrap();
-    let mut curator = Curator::start(zk.connect_string(), &path, Duration::from_millis(1500), Duration::ZERO);
+    let mut curator = Holder::curator(zk.connect_string(), &path, Duration::from_millis(1500), Duration::ZERO);
     curator.expect("CONNECTED").await;
     curator.expect("TIMEOUT").await;
     curator.finish().await;
@@ -95,7 +34,7 @@ async fn curator_and_zk_recipes_share_a_lock() {
     // Curator queues behind us, and one of ours behind Curator: the lock goes us → Curator →
     // ours, and ours waits for Curator's hold of 1.5 s.
     let hold = Duration::from_millis(1500);
-    let mut curator = Curator::start(zk.connect_string(), &path, Duration::from_secs(30), hold);
+    let mut curator = Holder::curator(zk.connect_string(), &path, Duration::from_secs(30), hold);
     curator.expect("CONNECTED").await;
     eventually(Duration::from_secs(30), "Curator queued", || async { ours.participants().await.unwrap().len() == 2 })
         .await;
@@ -133,12 +72,11 @@ async fn curator_and_zk_recipes_share_a_lock() {
     curator.finish().await;
 
     // Curator waits for us.
-    let mut curator = Curator::start(zk.connect_string(), &path, Duration::from_secs(30), Duration::ZERO);
+    let mut curator = Holder::curator(zk.connect_string(), &path, Duration::from_secs(30), Duration::ZERO);
     curator.expect("CONNECTED").await;
     eventually(Duration::from_secs(30), "Curator queued", || async { ours.participants().await.unwrap().len() == 2 })
         .await;
-    let early = tokio::time::timeout(Duration::from_millis(500), curator.next()).await;
-    assert!(early.is_err(), "Curator printed {early:?} while we hold the lock");
+    curator.quiet_for(Duration::from_millis(500), "while we hold the lock").await;
     guard.release().await.unwrap();
     curator.expect("ACQUIRED").await;
     curator.expect("RELEASING").await;

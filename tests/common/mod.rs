@@ -166,6 +166,7 @@ pub fn init_tracing() {
         .try_init();
 }
 pub mod history;
+pub mod interop;
 
 /// Waits until server `i` of `ensemble` serves as a follower (or leader) again after a heal.
 pub async fn rejoined(ensemble: &zk_testcontainers::Ensemble, i: usize) {

@@ -1,0 +1,220 @@
+//! Other ZooKeeper clients' locks, run as child processes on the test server: Apache Curator's
+//! (Java, Debian's Curator 5.4 jars) and kazoo's (Python, Debian's `python3-kazoo`). Each is a
+//! small program in `tests/interop/` that prints one line per event — `CONNECTED`, then
+//! `ACQUIRED` or `TIMEOUT`, then `RELEASING` and `RELEASED` — which a test reads and awaits.
+//!
+//! At a grant the mutex programs list the lock directory again on the granted session: a lock
+//! node with a lower sequence number that still exists then (a holder the grant overlaps, or a
+//! waiter passed over) turns the line into `ACQUIRED AHEAD <names>`. [`nodes_ahead`] is the same
+//! check for our grants.
+//!
+//! Without the runtime a test says so and passes, unless `REQUIRE_CURATOR=1` /
+//! `REQUIRE_KAZOO=1` (CI), when it fails.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use zookeeper_client as zk;
+
+/// Debian's Curator jars (`libcurator-*-java`, `libzookeeper-java`, `libslf4j-java`).
+pub const CURATOR_JARS: &[&str] = &[
+    "/usr/share/java/curator-recipes.jar",
+    "/usr/share/java/curator-framework.jar",
+    "/usr/share/java/curator-client.jar",
+    "/usr/share/java/zookeeper.jar",
+    "/usr/share/java/slf4j-nop.jar",
+];
+
+/// The Python that has Debian's `python3-kazoo` (not whatever `python3` is first on `PATH`).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// How long a child gets to print its next line: the JVM compiles the source first, and a loaded
+/// 2-core machine can be slow at that.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether a runtime is there; if not, says so (and the test passes), or panics when the
+/// environment variable `require` is `1`.
+fn available(ok: bool, require: &str, message: &str) -> bool {
+    if !ok {
+        assert!(std::env::var(require).as_deref() != Ok("1"), "{require}=1: {message}");
+        eprintln!("skipped: {message}");
+    }
+    ok
+}
+
+/// Whether `java` and the Curator jars are there (see [`available`]: `REQUIRE_CURATOR`).
+pub fn curator_available() -> bool {
+    let jars = CURATOR_JARS.iter().all(|jar| std::path::Path::new(jar).exists());
+    let java = std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
+    available(
+        jars && java,
+        "REQUIRE_CURATOR",
+        "the Curator interop tests need java and Debian's libcurator-*-java, libzookeeper-java, libslf4j-java \
+         (apt-get install openjdk-17-jdk-headless libcurator-recipes-java libcurator-framework-java \
+         libcurator-client-java libslf4j-java)",
+    )
+}
+
+/// Whether `/usr/bin/python3` can import kazoo (see [`available`]: `REQUIRE_KAZOO`).
+pub fn kazoo_available() -> bool {
+    let kazoo = std::process::Command::new(PYTHON)
+        .args(["-c", "import kazoo"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    available(
+        kazoo,
+        "REQUIRE_KAZOO",
+        "the kazoo interop tests need `/usr/bin/python3 -c 'import kazoo'` to work (apt-get install python3-kazoo)",
+    )
+}
+
+/// Whether kazoo's `Lock` is told about Curator-format nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KazooPatterns {
+    /// `extra_lock_patterns=["-lock-"]`: it queues behind `_c_<uuid>-lock-<seq>` nodes.
+    CuratorNodes,
+    /// kazoo's default: it sees only its own `<uuid>__lock__<seq>` nodes.
+    KazooOnly,
+}
+
+fn source(name: &str) -> String {
+    format!("{}/tests/interop/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn millis(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+/// A lock holder in a child process, and the lines it prints.
+pub struct Holder {
+    what: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Holder {
+    /// Curator's `InterProcessMutex` on `path` (`tests/interop/CuratorHolder.java`): waits up to
+    /// `wait` for the lock, holds it for `hold`.
+    pub fn curator(connect: &str, path: &str, wait: Duration, hold: Duration) -> Holder {
+        let jars = CURATOR_JARS.join(":");
+        let args = ["-cp", &jars, &source("CuratorHolder.java"), connect, path, &millis(wait), &millis(hold)];
+        Holder::spawn("Curator", "java", &args)
+    }
+
+    /// Curator's `InterProcessReadWriteLock` on `path` (`tests/interop/CuratorRwHolder.java`) in
+    /// `mode` (`read`, `write` or `downgrade`): waits up to `wait`, holds for `hold` (`None`: until
+    /// [`release_now`](Holder::release_now)). With `markers`, it keeps an ephemeral node
+    /// `<markers>/read-<pid>` or `write-<pid>` while it holds the read or write lock.
+    pub fn curator_rw(
+        connect: &str,
+        path: &str,
+        mode: &str,
+        wait: Duration,
+        hold: Option<Duration>,
+        markers: Option<&str>,
+    ) -> Holder {
+        let jars = CURATOR_JARS.join(":");
+        let hold = hold.map_or_else(|| "-1".to_owned(), millis);
+        let mut args =
+            vec!["-cp".into(), jars, source("CuratorRwHolder.java"), connect.into(), path.into(), mode.into()];
+        args.extend([millis(wait), hold]);
+        args.extend(markers.map(str::to_owned));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Holder::spawn(&format!("Curator {mode}"), "java", &args)
+    }
+
+    /// kazoo's `Lock` on `path` (`tests/interop/kazoo_holder.py`): waits up to `wait`, holds for
+    /// `hold`.
+    pub fn kazoo(connect: &str, path: &str, wait: Duration, hold: Duration, patterns: KazooPatterns) -> Holder {
+        let script = source("kazoo_holder.py");
+        let mut args = vec!["-u", &script, connect, path];
+        let (wait, hold) = (millis(wait), millis(hold));
+        args.extend([&*wait, &*hold]);
+        if patterns == KazooPatterns::KazooOnly {
+            args.push("--no-extra-patterns");
+        }
+        Holder::spawn("kazoo", PYTHON, &args)
+    }
+
+    fn spawn(what: &str, program: &str, args: &[&str]) -> Holder {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|err| panic!("start {what} ({program}): {err}"));
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Holder { what: what.to_owned(), child, stdin, lines }
+    }
+
+    /// The next line it prints, within [`LINE_TIMEOUT`].
+    pub async fn next(&mut self) -> String {
+        match tokio::time::timeout(LINE_TIMEOUT, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => line,
+            other => panic!("no line from the {} process: {other:?}", self.what),
+        }
+    }
+
+    /// Reads the next line, which must be `want`; returns when it was read.
+    pub async fn expect(&mut self, want: &str) -> Instant {
+        let line = self.next().await;
+        assert_eq!(line, want, "{} printed {line:?}, expected {want:?}", self.what);
+        Instant::now()
+    }
+
+    /// Ends a hold of no set length (closes its standard input).
+    pub fn release_now(&mut self) {
+        assert!(self.stdin.take().is_some(), "the {} process was told to release already", self.what);
+    }
+
+    /// Asserts that it prints nothing for `period` (it is waiting).
+    pub async fn quiet_for(&mut self, period: Duration, why: &str) {
+        let early = tokio::time::timeout(period, self.lines.next_line()).await;
+        assert!(early.is_err(), "{} printed {early:?} {why}", self.what);
+    }
+
+    /// Waits for it to exit, successfully.
+    pub async fn finish(mut self) {
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the {} process exits", self.what));
+        assert!(status.expect("exit status").success(), "the {} process failed", self.what);
+    }
+}
+
+/// The lock names whose nodes queue in a mutex's directory: Curator's and ours, kazoo's.
+const MUTEX_LOCK_NAMES: &[&str] = &["lock-", "__lock__"];
+
+/// The sequence number of a mutex lock node of any of the three implementations; `None` for
+/// anything else.
+pub fn lock_sequence(name: &str) -> Option<i64> {
+    MUTEX_LOCK_NAMES.iter().find_map(|lock_name| {
+        let digits = &name[name.rfind(lock_name)? + lock_name.len()..];
+        let unsigned = digits.strip_prefix('-').unwrap_or(digits);
+        if unsigned.len() != 10 || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    })
+}
+
+/// The lock nodes in `dir` with a lower sequence number than `own` (a node name or path), read
+/// on `client`. Read on the session a grant was made to, right after it, this must be empty:
+/// otherwise the grant overlapped a holder ahead, or passed over a waiter.
+pub async fn nodes_ahead(client: &zk::Client, dir: &str, own: &str) -> Vec<String> {
+    let own = own.rsplit('/').next().unwrap_or(own);
+    let ours = lock_sequence(own).unwrap_or_else(|| panic!("{own} is not a lock node"));
+    let mut ahead: Vec<String> = super::children(client, dir)
+        .await
+        .into_iter()
+        .filter(|child| lock_sequence(child).is_some_and(|sequence| sequence < ours))
+        .collect();
+    ahead.sort();
+    ahead
+}
