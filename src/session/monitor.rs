@@ -7,7 +7,8 @@
 //!
 //! 1. It follows the client's session state (`Client::state_watcher`).
 //! 2. While anyone acquires or holds a lock on the session (and for T after), it sends a heartbeat
-//!    round (a `sync`) `0.22 T` after the previous answer, and derives the **loss deadline** from
+//!    round (a `sync`) `0.22 T` after the previous answer — and at once when the client
+//!    reconnects, none while it is disconnected — and derives the **loss deadline** from
 //!    the answers (below). The engine's creates count as rounds too, and its listings as answers.
 //! 3. It tells every hold its state: `Lost(reason)` once the session is dead, the deadline has
 //!    passed, or (under [`LossPolicy::Suspended`]) the connection is lost or stalled; under
@@ -62,7 +63,8 @@
 //! reply or an earlier one. If the client switched servers between `j` and `k`, the new server
 //! revalidated the session with the leader, which touches it at the leader after `r_j`. ∎
 //!
-//! So the leader cannot expire us before `E + T` (its clock), `E` the latest such `s_j`. A leader
+//! So the leader cannot expire us before `E + T` (its clock), `E` the latest such `s_j` (or of
+//! those *Reconnections* admits, below). A leader
 //! that took over since cannot before its takeover + T; a round answered by its deposed
 //! predecessor at `a` gives `E ≤ a − G` (the pairing rule), and by (A4) the takeover was no
 //! earlier than `a − tickTime`, so that expiry is no earlier than `E + T − (tickTime − G)`, and
@@ -79,6 +81,36 @@
 //! the session's last acquire or hold, so a session in use always has evidence. A round that is
 //! slow (answered more than `G` after it was sent) is paired like any other: the deadline it gives
 //! is older, never borrowed from (A2).
+//!
+//! **Reconnections.** A round sent after a reconnection also pairs with the answers from before
+//! it, however recent. When the client comes back with its session — to the same server or
+//! another — the server revalidates the session with the leader before it answers the connect
+//! (ZooKeeper 3.8: `Learner.validateSession` sends `REVALIDATE`, the leader's
+//! `checkIfValidGlobalSession` touches the session with the timeout negotiated on that
+//! connection; the leader, or a standalone server, touches it itself). A server closes all its
+//! client connections when it stops following its leader or stops leading (`Learner.shutdown`,
+//! `Leader.shutdown`), so every request answered on a connection is answered through the leader
+//! that revalidated it. And `zookeeper-client` 0.11 serves one connection at a time in one task:
+//! it processes every reply of a connection before it publishes `Disconnected`, and on the next
+//! connection processes the connect response, and publishes `SyncConnected`, before any reply.
+//! So when the monitor reads the state `Disconnected`, with the clock read at `b` just before the
+//! read and at `a` just after it:
+//!
+//! > every answer `j` recorded before `b` came on a connection that had ended at the read, and
+//! > every leader round `k` sent at `s_k ≥ a` is answered on a later connection, revalidated by
+//! > the leader that answers `k` after `j`'s reply was processed: a touch no earlier than `s_j`.
+//!
+//! A leader deposed when it answers `k` (at or after `s_k`) has a successor that took over no
+//! earlier than `s_k − tickTime` by (A4), exactly as for a pair; so such a `j` gives
+//! `E = min(s_j, s_k − G)`, which the margin above covers as it covers a pair (a pair has
+//! `s_j ≤ s_k − G`, so both rules take `min(s_j, s_k − G)` over the answers they admit). *Without
+//! it* a hold could not ride out a disconnection under [`LossPolicy::SessionDeadline`]: a round
+//! sent after the reconnection pairs only with answers `G` older than itself, and the deadline
+//! moves only with the round after it — past the deadline if the client came back in its last
+//! `G`. So the monitor sends no round while disconnected (the client would only queue it) and
+//! one at once on the reconnection, also if an earlier one is still unanswered. (Sessions must be
+//! global, as every session holding an ephemeral node is: a local session is not revalidated with
+//! the leader.)
 //!
 //! **Cold start.** The first leader round after the monitor (re)starts — a session's first
 //! acquire, or the first one after an idle period of more than T, when the monitor had stopped
@@ -223,6 +255,19 @@ struct Inner {
     watch_queue: VecDeque<(Instant, Weak<HoldFeed>)>,
     /// The managed client was closed: no lingering once idle.
     closed: bool,
+    /// The latest disconnection the monitor read: the clock just before and just after a read of
+    /// the client's state that said `Disconnected` (*Reconnections* in the module docs).
+    disconnection: Option<Disconnection>,
+}
+
+/// A read of the client's state that said `Disconnected`, between two readings of the clock.
+#[derive(Clone, Copy, Debug)]
+struct Disconnection {
+    /// Read before the state: every answer recorded earlier came on a connection that had ended.
+    before: Instant,
+    /// Read after the state: every request sent later is answered on a connection established
+    /// since, which the leader revalidated.
+    after: Instant,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -686,7 +731,24 @@ impl Inner {
     fn answered(&mut self, answer: Answer, leader: bool, t: Duration) {
         if leader {
             let g = report_lag(t);
-            let paired = self.answers.iter().filter(|j| j.answered + g <= answer.sent).map(|j| j.sent).max();
+            // Answers recorded before a disconnection read before this round was sent: the
+            // reconnection in between was revalidated by the leader (*Reconnections*).
+            let revalidated_before = self.disconnection.filter(|d| d.after <= answer.sent).map(|d| d.before);
+            let round_less_g = answer.sent.checked_sub(g);
+            let paired = self
+                .answers
+                .iter()
+                .filter_map(|j| {
+                    if j.answered + g <= answer.sent {
+                        // Paired (the Claim): `s_j ≤ s_k − G` here.
+                        Some(j.sent)
+                    } else if revalidated_before.is_some_and(|before| j.answered < before) {
+                        round_less_g.map(|limit| j.sent.min(limit))
+                    } else {
+                        None
+                    }
+                })
+                .max();
             // No answer to pair with (the first rounds since the monitor started): a cold start,
             // relying on (A2). Otherwise pairing alone decides, however old its evidence.
             let evidence = match paired {
@@ -835,11 +897,22 @@ impl Drop for StopGuard {
     }
 }
 
+/// Reads the client's state between two readings of the clock and records it if it says
+/// `Disconnected` (*Reconnections* in the module docs).
+fn note_disconnection(shared: &Shared, states: &zk::StateWatcher) {
+    let before = shared.clock.now();
+    if states.peek_state() == zk::SessionState::Disconnected {
+        let after = shared.clock.now();
+        lock(&shared.inner).disconnection = Some(Disconnection { before, after });
+    }
+}
+
 /// The monitor task of one session: runs while acquires or holds exist, and T after.
 async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
     let client = shared.client.clone();
     let mut states = client.state_watcher();
     let mut seen = states.state();
+    note_disconnection(&shared, &states);
     let mut heartbeat: Option<Heartbeat> = None;
     let mut next_heartbeat = shared.clock.now();
     // A disconnection too short for the state to show it when we look.
@@ -852,8 +925,13 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
             let mut inner = lock(&shared.inner);
             let connected = seen == zk::SessionState::SyncConnected;
             if connected && !inner.health.connected {
-                // A (re)established connection: nothing answered on it yet.
+                // A (re)established connection: nothing answered on it yet. A round goes out on it
+                // at once, also if one sent earlier is still unanswered: sent after the
+                // disconnection was read, the new one pairs with every answer from before it
+                // (*Reconnections*), and its answer is what lets a hold ride the outage out.
                 inner.health.last_answer = Some(now);
+                inner.health.in_flight_since = None;
+                heartbeat = None;
                 next_heartbeat = now;
             }
             inner.health.connected = connected;
@@ -875,7 +953,9 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
                     due.extend(feed.upgrade());
                 }
             }
-            let send = heartbeat.is_none() && now >= next_heartbeat && inner.health.terminal.is_none();
+            // Not while disconnected: the client would only queue the request until it reconnects,
+            // and the round sent then pairs better.
+            let send = connected && heartbeat.is_none() && now >= next_heartbeat && inner.health.terminal.is_none();
             if send {
                 inner.health.in_flight_since = Some(now);
             }
@@ -919,6 +999,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
         tokio::select! {
             _ = shared.wake.notified() => {},
             state = states.changed() => {
+                note_disconnection(&shared, &states);
                 // A change that leaves the state as it was went through another state.
                 blip = state == seen && state == zk::SessionState::SyncConnected;
                 seen = state;
@@ -992,6 +1073,40 @@ mod tests {
         assert!(s3 - report_lag(t()) * 2 > s2, "the test must tell the two rules apart");
         assert_eq!(inner.health.deadline, Some(s2 + t() * 4 / 5));
         assert!(cold_deadline < inner.health.deadline);
+    }
+
+    /// *Reconnections*: a round sent after a disconnection was read pairs with the answers
+    /// recorded before the read, however recent, as `min(s_j, s_k − G)`; a round sent before the
+    /// read (still in flight at the cut) does not.
+    #[test]
+    fn a_round_after_a_reconnection_pairs_with_the_answers_before_it() {
+        let g = report_lag(t());
+        let base = Instant::now() + t();
+        let mut inner = Inner::default();
+        inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
+        let s2 = base + ms(5) + g;
+        inner.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
+        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+        // The connection is cut 100 ms after round 2's answer; the disconnection is read at once.
+        let read = s2 + ms(105);
+        inner.disconnection = Some(Disconnection { before: read, after: read + ms(1) });
+        // A round sent before the read (in flight at the cut), answered after the reconnection:
+        // only the first rule, which pairs it with round 1.
+        inner.answered(Answer { sent: read - ms(2), answered: read + ms(600) }, true, t());
+        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+        // The round sent at the reconnection, 500 ms after the cut: paired with round 2 although
+        // round 2 was answered less than G before it was sent. Round 2's `s_j` is later than
+        // `s_k − G` here, so the evidence is `s_k − G`.
+        let s3 = read + ms(500);
+        inner.answered(Answer { sent: s3, answered: s3 + ms(5) }, true, t());
+        assert!(s3 - g < s2, "the test must tell `min(s_j, s_k − G)` from `s_j`");
+        assert_eq!(inner.health.deadline, Some(s3 - g + t() * 4 / 5));
+        // Without the disconnection read, the same round pairs with round 1 only.
+        let mut without = Inner::default();
+        without.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
+        without.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
+        without.answered(Answer { sent: s3, answered: s3 + ms(5) }, true, t());
+        assert_eq!(without.health.deadline, Some(base + t() * 4 / 5));
     }
 
     /// A stated floor below the negotiated timeout is what the deadline counts with.
