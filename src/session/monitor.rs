@@ -91,8 +91,9 @@
 //! client connections when it stops following its leader or stops leading (`Learner.shutdown`,
 //! `Leader.shutdown`), so every request answered on a connection is answered through the leader
 //! that revalidated it. And `zookeeper-client` 0.11 serves one connection at a time in one task:
-//! it processes every reply of a connection before it publishes `Disconnected`, and on the next
-//! connection processes the connect response, and publishes `SyncConnected`, before any reply.
+//! it reads no reply of a connection after it publishes `Disconnected` (replies not read by then
+//! are dropped, their requests failed), and on the next connection processes the connect
+//! response, and publishes `SyncConnected`, before any reply.
 //! So when the monitor reads the state `Disconnected`, with the clock read at `b` just before the
 //! read and at `a` just after it:
 //!
@@ -110,7 +111,10 @@
 //! `G`. So the monitor sends no round while disconnected (the client would only queue it) and
 //! one at once on the reconnection, also if an earlier one is still unanswered. (Sessions must be
 //! global, as every session holding an ephemeral node is: a local session is not revalidated with
-//! the leader.)
+//! the leader.) The rule reads the state of the monitor's client, so every client whose requests
+//! feed the monitor must be that connection: a clone of it, or of it with another chroot — which
+//! is what recipes are given. Two `zookeeper_client::Client`s connected separately to one session
+//! (`Connector::with_session`) are two connections, and must not share recipes' sessions.
 //!
 //! **Cold start.** The first leader round after the monitor (re)starts — a session's first
 //! acquire, or the first one after an idle period of more than T, when the monitor had stopped
@@ -147,7 +151,9 @@
 //! sessions each get a monitor keyed by that managed client, so evidence from one ensemble can
 //! never feed the holds of another even if the two hand out the same session id. Plain
 //! `zookeeper_client::Client`s (which expose no identity of their connection) share a monitor per
-//! session id.
+//! session id: clones of one client (also with another chroot) are one connection, as the
+//! monitor assumes; a second client connected to the same session on its own
+//! (`Connector::with_session`) must not be given to recipes beside the first (*Reconnections*).
 //!
 //! **Stalls and blips.** Under [`LossPolicy::Suspended`] a connection on which no round has been
 //! answered for `0.4 T`, or a round has been outstanding for `0.25 T`, counts as lost, like one
@@ -733,7 +739,7 @@ impl Inner {
             let g = report_lag(t);
             // Answers recorded before a disconnection read before this round was sent: the
             // reconnection in between was revalidated by the leader (*Reconnections*).
-            let revalidated_before = self.disconnection.filter(|d| d.after <= answer.sent).map(|d| d.before);
+            let revalidated_before = self.disconnection.filter(|d| d.after < answer.sent).map(|d| d.before);
             let round_less_g = answer.sent.checked_sub(g);
             let paired = self
                 .answers
