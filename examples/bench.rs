@@ -1,11 +1,12 @@
-//! Benchmark of `InterProcessMutex` with the workloads of `../shared/bench-peers` (same sizes,
+//! Benchmark of `InterProcessMutex` (W1–W4) and `InterProcessReadWriteLock` (W5, W6) with the workloads of `../shared/bench-peers` (same sizes,
 //! same environment knobs, same JSON line per workload), so it can run side by side with Curator,
 //! kazoo and `zookeeper-client`'s own lock on one server:
 //!
 //! ```sh
 //! cargo build --release --example bench
-//! target/release/examples/bench 127.0.0.1:2181 W1,W2,W3,W4
+//! target/release/examples/bench 127.0.0.1:2181 W1,W2,W3,W4,W5,W6
 //! PROJECT_BENCH="$PWD/target/release/examples/bench" ../shared/bench-peers/run_all.sh
+//! PROJECT_BENCH="$PWD/target/release/examples/bench" WORKLOADS=W5,W6 ../shared/bench-peers/run_all.sh
 //! ```
 //!
 //! Release is dropping the guard (the delete is sent before `drop` returns and confirmed in the
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zk_recipes::InterProcessMutex;
+use zk_recipes::{InterProcessMutex, InterProcessReadWriteLock};
 use zookeeper_client as zk;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -53,6 +54,8 @@ struct Report {
     clients: usize,
     per_client: Option<Vec<u64>>,
     notes: String,
+    /// Extra JSON fields (W5, W6), each starting with a comma.
+    extra: String,
 }
 
 fn emit(mut r: Report) {
@@ -69,7 +72,7 @@ fn emit(mut r: Report) {
         None => "null".into(),
     };
     println!(
-        "{{\"impl\":\"{}\",\"workload\":\"{}\",\"ops_per_s\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"violations\":{},\"clients\":{},\"ops\":{},\"secs\":{:.3},\"lat\":\"{}\",\"samples\":{},\"per_client\":{},\"fairness_max_min\":{},\"notes\":\"{}\"}}",
+        "{{\"impl\":\"{}\",\"workload\":\"{}\",\"ops_per_s\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"violations\":{},\"clients\":{},\"ops\":{},\"secs\":{:.3},\"lat\":\"{}\",\"samples\":{},\"per_client\":{},\"fairness_max_min\":{},\"notes\":\"{}\"{}}}",
         r.imp,
         r.workload,
         r.ops as f64 / r.secs,
@@ -83,7 +86,8 @@ fn emit(mut r: Report) {
         r.lat_ns.len(),
         per,
         fair,
-        r.notes
+        r.notes,
+        r.extra
     );
 }
 
@@ -155,6 +159,7 @@ async fn w1(addr: &str, base: &str, imp: &'static str, await_release: bool) -> R
         violations: 0,
         clients: 1,
         per_client: None,
+        extra: String::new(),
         notes: format!(
             "cycle=acquire (create+getChildren pipelined) + {release}; requests_per_cycle={per_cycle} (mntr zk_packets_received, incl. pings)"
         ),
@@ -236,6 +241,7 @@ async fn w2(addr: &str, base: &str) -> Result<(), BoxError> {
         violations: violations.load(SeqCst) + lost,
         clients: n,
         per_client: Some(per),
+        extra: String::new(),
         notes: format!("{n} sessions, {warm}s warm-up then {run}s; latency=release->next acquire; lost_updates={lost}"),
     });
     Ok(())
@@ -284,6 +290,7 @@ async fn w3(addr: &str, base: &str, imp: &'static str, await_release: bool) -> R
         violations: 0,
         clients: n,
         per_client: Some(vec![cycles; n]),
+        extra: String::new(),
         notes: format!("{n} sessions, one lock path each, {warm} warm-up cycles each then {cycles} cycles"),
     });
     Ok(())
@@ -349,6 +356,7 @@ async fn w4(addr: &str, base: &str) -> Result<(), BoxError> {
         violations: violations.load(SeqCst),
         clients: waiters + 1,
         per_client: None,
+        extra: String::new(),
         notes: format!(
             "1 holder + {waiters} queued waiters ({} sessions), 1 warm-up round + {rounds} rounds; ops_per_s=handoffs/drain time",
             waiters + 1
@@ -357,11 +365,231 @@ async fn w4(addr: &str, base: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The in-process occupancy of a read/write lock's critical section (W5, W6): counts every
+/// overlap the lock forbids — a writer entering while anyone is inside, a reader while a writer is.
+#[derive(Default)]
+struct Occupancy {
+    inside: Mutex<(u64, u64)>,
+    violations: AtomicU64,
+}
+
+impl Occupancy {
+    fn enter(&self, read: bool) {
+        let Ok(mut inside) = self.inside.lock() else { return };
+        let (readers, writers) = &mut *inside;
+        if *writers != 0 || (!read && *readers != 0) {
+            self.violations.fetch_add(1, SeqCst);
+        }
+        if read {
+            *readers += 1;
+        } else {
+            *writers += 1;
+        }
+    }
+
+    fn leave(&self, read: bool) {
+        let Ok(mut inside) = self.inside.lock() else { return };
+        if read {
+            inside.0 -= 1;
+        } else {
+            inside.1 -= 1;
+        }
+    }
+
+    /// Enters, yields inside, leaves.
+    async fn visit(&self, read: bool) {
+        self.enter(read);
+        tokio::task::yield_now().await;
+        self.leave(read);
+    }
+}
+
+fn pct_pair(sorted: &[u64]) -> String {
+    format!("{:.0}/{:.0}", pct_us(sorted, 0.50), pct_us(sorted, 0.99))
+}
+
+/// W5: sessions on one read/write lock, 90 % reads: how much readers gain from sharing.
+async fn w5(addr: &str, base: &str) -> Result<(), BoxError> {
+    use rand::{Rng, SeedableRng};
+    let n = env("W5_CLIENTS", 8) as usize;
+    let ops = env("W5_OPS", 1000);
+    let read_pct = env("W5_READ_PCT", 90);
+    let warm = env("WARMUP_CYCLES", 500) / 5;
+    let clients = connect_n(addr, n).await?;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let occupancy = Arc::new(Occupancy::default());
+    let mut tasks = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let warm_lock = InterProcessReadWriteLock::new(client.clone(), format!("{base}/W5/warm"))?;
+        let lock = InterProcessReadWriteLock::new(client, format!("{base}/W5/lock"))?;
+        let (barrier, occupancy) = (barrier.clone(), occupancy.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + i as u64);
+            let (read_lock, write_lock) = (warm_lock.read_lock(), warm_lock.write_lock());
+            for _ in 0..warm {
+                let lock = if rng.random_range(0..100) < read_pct { &read_lock } else { &write_lock };
+                drop(lock.acquire().await?);
+            }
+            let (read_lock, write_lock) = (lock.read_lock(), lock.write_lock());
+            barrier.wait().await;
+            let start = now_ns();
+            let (mut reads, mut writes) = (Vec::new(), Vec::new());
+            for _ in 0..ops {
+                let read = rng.random_range(0..100) < read_pct;
+                let s = now_ns();
+                let guard = if read { read_lock.acquire().await? } else { write_lock.acquire().await? };
+                let waited = now_ns() - s;
+                occupancy.visit(read).await;
+                drop(guard);
+                if read {
+                    reads.push(waited)
+                } else {
+                    writes.push(waited)
+                }
+            }
+            Ok::<_, BoxError>((start, now_ns(), reads, writes))
+        }));
+    }
+    let (mut start, mut end, mut reads, mut writes) = (u64::MAX, 0, Vec::new(), Vec::new());
+    for task in tasks {
+        let (s, e, r, w) = task.await??;
+        (start, end) = (start.min(s), end.max(e));
+        reads.extend(r);
+        writes.extend(w);
+    }
+    reads.sort_unstable();
+    writes.sort_unstable();
+    let (r, w) = (reads.len(), writes.len());
+    let extra = format!(
+        ",\"reads\":{r},\"writes\":{w},\"read_p50_us\":{:.1},\"read_p99_us\":{:.1},\"write_p50_us\":{:.1},\"write_p99_us\":{:.1}",
+        pct_us(&reads, 0.50),
+        pct_us(&reads, 0.99),
+        pct_us(&writes, 0.50),
+        pct_us(&writes, 0.99)
+    );
+    let notes = format!(
+        "{n} sessions on one InterProcessReadWriteLock, {read_pct}% reads, {warm} warm-up ops each then {ops} ops each; reads={r} writes={w}; acquire p50/p99 us read={} write={}; release=drop(guard)",
+        pct_pair(&reads),
+        pct_pair(&writes)
+    );
+    emit(Report {
+        imp: "zk-recipes",
+        workload: "W5",
+        ops: n as u64 * ops,
+        secs: (end - start) as f64 / 1e9,
+        lat_ns: reads.into_iter().chain(writes).collect(),
+        lat_kind: "acquire",
+        violations: occupancy.violations.load(SeqCst),
+        clients: n,
+        per_client: Some(vec![ops; n]),
+        notes,
+        extra,
+    });
+    Ok(())
+}
+
+/// W6: a writer every 10 ms among 7 looping readers: what a periodic writer costs the readers.
+async fn w6(addr: &str, base: &str) -> Result<(), BoxError> {
+    let readers = env("W6_READERS", 7) as usize;
+    let (warm, run) = (env("W6_WARMUP_SECS", 1), env("W6_SECS", 10));
+    let interval = Duration::from_millis(env("W6_WRITE_INTERVAL_MS", 10));
+    let hold = Duration::from_millis(env("W6_WRITE_HOLD_MS", 1));
+    let path = format!("{base}/W6/lock");
+    let clients = connect_n(addr, readers + 1).await?;
+    let occupancy = Arc::new(Occupancy::default());
+    let (measuring, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut tasks = Vec::new();
+    for client in &clients[1..] {
+        let read_lock = InterProcessReadWriteLock::new(client.clone(), path.as_str())?.read_lock();
+        let (occupancy, measuring, stop) = (occupancy.clone(), measuring.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while !stop.load(SeqCst) {
+                let s = now_ns();
+                let guard = read_lock.acquire().await?;
+                let waited = now_ns() - s;
+                occupancy.visit(true).await;
+                if measuring.load(SeqCst) {
+                    lat.push(waited);
+                }
+                drop(guard);
+            }
+            Ok::<_, BoxError>(lat)
+        }));
+    }
+    let write_lock = InterProcessReadWriteLock::new(clients[0].clone(), path.as_str())?.write_lock();
+    let writer = tokio::spawn({
+        let (occupancy, measuring, stop) = (occupancy.clone(), measuring.clone(), stop.clone());
+        async move {
+            let mut lat = Vec::new();
+            let mut next = tokio::time::Instant::now();
+            while !stop.load(SeqCst) {
+                tokio::time::sleep_until(next).await;
+                let s = now_ns();
+                let guard = write_lock.acquire().await?;
+                let waited = now_ns() - s;
+                occupancy.enter(false);
+                tokio::time::sleep(hold).await;
+                occupancy.leave(false);
+                drop(guard);
+                if measuring.load(SeqCst) {
+                    lat.push(waited);
+                }
+                // A late writer does not burst to catch up.
+                next = (next + interval).max(tokio::time::Instant::now());
+            }
+            Ok::<_, BoxError>(lat)
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(warm)).await;
+    measuring.store(true, SeqCst);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(run)).await;
+    measuring.store(false, SeqCst);
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, SeqCst);
+    let (mut per, mut lat) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let l = task.await??;
+        per.push(l.len() as u64);
+        lat.extend(l);
+    }
+    let mut writes = writer.await??;
+    writes.sort_unstable();
+    let extra = format!(
+        ",\"writer_ops\":{},\"writer_p50_us\":{:.1},\"writer_p99_us\":{:.1}",
+        writes.len(),
+        pct_us(&writes, 0.50),
+        pct_us(&writes, 0.99)
+    );
+    let notes = format!(
+        "1 writer (write lock every {} ms, held {} ms) + {readers} reader sessions looping; {warm}s warm-up then {run}s; ops_per_s=reader acquisitions/s; writes={} writer wait p50/p99 us={}; release=drop(guard)",
+        interval.as_millis(),
+        hold.as_millis(),
+        writes.len(),
+        pct_pair(&writes)
+    );
+    emit(Report {
+        imp: "zk-recipes",
+        workload: "W6",
+        ops: per.iter().sum(),
+        secs,
+        lat_ns: lat,
+        lat_kind: "read-acquire",
+        violations: occupancy.violations.load(SeqCst),
+        clients: readers + 1,
+        per_client: Some(per),
+        notes,
+        extra,
+    });
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
     let Some(addr) = args.get(1) else {
-        eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4]", args[0]);
+        eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4,W5,W6]", args[0]);
         std::process::exit(2);
     };
     let workloads = args.get(2).cloned().unwrap_or_else(|| "W1,W2,W3,W4".into());
@@ -384,6 +612,8 @@ async fn main() -> Result<(), BoxError> {
                 w3(addr, &base, "zk-recipes-await", true).await?;
             },
             "W4" => w4(addr, &base).await?,
+            "W5" => w5(addr, &base).await?,
+            "W6" => w6(addr, &base).await?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }
