@@ -6,7 +6,7 @@
 // The layers, top to bottom; each module imports only from its own layer and those below it.
 mod engine; // the acquire loop (Curator's LockInternals), drivers, the directory view, naming
 mod hold; // LockGuard, FencedWriter, lock scopes: shared by every recipe
-mod recipes; // InterProcessMutex, InterProcessReadWriteLock: a driver and a thin API each
+mod recipes; // InterProcessMutex, InterProcessReadWriteLock, LeaderLatch, LeaderSelector: a driver and a thin API each
 mod session; // clients, session monitor, watches, cleanup
              // At the bottom, used by every layer.
 mod error;
@@ -19,6 +19,7 @@ pub use error::{Error, FencedWriteError, Result};
 pub use hold::fenced::FencedWriter;
 pub use hold::guard::{FencingToken, LockGuard, LossSignal};
 pub use recipes::builder::{LockBuilder, DEFAULT_MAX_REQUEST_BYTES};
+pub use recipes::leader::{LeaderLatch, LeaderLatchBuilder, LeaderSelector, LeaderSelectorBuilder};
 pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
 pub use recipes::rw_lock::{InterProcessReadWriteLock, ReadWriteLockBuilder};
 pub use session::acl::AclList;

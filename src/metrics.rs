@@ -16,6 +16,19 @@ pub(crate) mod names {
     pub const HANDOFFS: &str = "zk_recipes_handoffs_total";
     pub const LOSSES: &str = "zk_recipes_locks_lost_total";
     pub const SESSIONS: &str = "zk_recipes_sessions_created_total";
+    pub const LEADERSHIP_CHANGES: &str = "zk_recipes_leadership_changes_total";
+    pub const LEADER_TIME: &str = "zk_recipes_leader_seconds";
+}
+
+/// The `recipe` label of a `LeaderLatch`'s metrics.
+pub(crate) const LEADER_LATCH: &str = "leader_latch";
+/// The `recipe` label of a `LeaderSelector`'s metrics.
+pub(crate) const LEADER_SELECTOR: &str = "leader_selector";
+
+/// Whether the holds of `recipe` are leaderships (recorded under the leadership names too).
+#[cfg(feature = "metrics")]
+fn is_leadership(recipe: &str) -> bool {
+    recipe == LEADER_LATCH || recipe == LEADER_SELECTOR
 }
 
 /// How an acquire call ended (the `outcome` label).
@@ -58,6 +71,16 @@ pub(crate) fn acquire(recipe: &'static str, outcome: Outcome, waited: Duration) 
     let _ = (recipe, outcome, waited);
 }
 
+/// A hold of `recipe` was granted: for a leader election, this process became the leader.
+pub(crate) fn granted(recipe: &'static str) {
+    #[cfg(feature = "metrics")]
+    if is_leadership(recipe) {
+        metrics::counter!(names::LEADERSHIP_CHANGES, "recipe" => recipe, "change" => "elected").increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = recipe;
+}
+
 /// A grant after waiting for a predecessor (a handoff from one holder to the next).
 pub(crate) fn handoff(recipe: &'static str) {
     #[cfg(feature = "metrics")]
@@ -66,13 +89,21 @@ pub(crate) fn handoff(recipe: &'static str) {
     let _ = recipe;
 }
 
-/// A hold of `recipe` was released after `held`.
+/// A hold of `recipe` was released after `held` (`lost` if it had been lost first): for a leader
+/// election, this process stepped down or lost leadership.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-pub(crate) fn hold_ended(recipe: &'static str, held: Duration) {
+pub(crate) fn hold_ended(recipe: &'static str, held: Duration, lost: bool) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(names::HOLD_TIME, "recipe" => recipe).record(held.as_secs_f64());
+    {
+        metrics::histogram!(names::HOLD_TIME, "recipe" => recipe).record(held.as_secs_f64());
+        if is_leadership(recipe) {
+            let change = if lost { "lost" } else { "stepped_down" };
+            metrics::counter!(names::LEADERSHIP_CHANGES, "recipe" => recipe, "change" => change).increment(1);
+            metrics::histogram!(names::LEADER_TIME, "recipe" => recipe).record(held.as_secs_f64());
+        }
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (recipe, held);
+    let _ = (recipe, held, lost);
 }
 
 /// A hold was told it lost its lock.

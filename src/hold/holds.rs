@@ -160,7 +160,7 @@ impl Hold {
         // delete is sent, so the monitor hears of the release before the deletion.)
         self.context.session.release(&self.feed);
         #[cfg(feature = "metrics")]
-        metrics::hold_ended(self.recipe, self.granted.elapsed());
+        metrics::hold_ended(self.recipe, self.granted.elapsed(), matches!(self.feed.current(), LockState::Lost(_)));
         let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
         self.node.delete(&self.context.cleanup)
     }
@@ -206,6 +206,12 @@ impl Holds {
         self.recipe
     }
 
+    /// Whether any hold with a guard alive is not lost (each re-evaluated now).
+    pub(crate) fn any_not_lost(&self) -> bool {
+        let live: Vec<Arc<Hold>> = lock(&self.live).clone();
+        live.iter().any(|hold| !matches!(hold.state(), LockState::Lost(_)))
+    }
+
     /// Whether any hold has a guard alive.
     pub(crate) fn is_empty(&self) -> bool {
         lock(&self.live).is_empty()
@@ -215,6 +221,7 @@ impl Holds {
     /// while this one lasts.
     pub(crate) fn register(&self, grant: Grant, pin: Option<Pin>) -> Arc<Hold> {
         let Grant { node, feed, context, handoff } = grant;
+        metrics::granted(self.recipe);
         if handoff {
             metrics::handoff(self.recipe);
         }

@@ -5,8 +5,11 @@
 //!   the re-entrant lock every recipe's lock kinds are made of.
 //! - [`rw_lock`]: [`InterProcessReadWriteLock`](rw_lock::InterProcessReadWriteLock) (Curator's
 //!   `InterProcessReadWriteLock`): a read and a write lock on one queue.
+//! - [`leader`]: [`LeaderLatch`](leader::LeaderLatch) and [`LeaderSelector`](leader::LeaderSelector)
+//!   (Curator's): leader election, leadership being a hold of a lock.
 //! - [`builder`]: the options every lock recipe takes.
 
 pub(crate) mod builder;
+pub(crate) mod leader;
 pub(crate) mod mutex;
 pub(crate) mod rw_lock;

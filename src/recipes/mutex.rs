@@ -25,7 +25,7 @@ use crate::state::LossReason;
 /// The `recipe` label of this recipe's metrics.
 const RECIPE: &str = "mutex";
 
-static MUTEX_DRIVER: StandardDriver = StandardDriver { queue: MUTEX_QUEUE, kind: 0, max_leases: 1 };
+pub(crate) static MUTEX_DRIVER: StandardDriver = StandardDriver { queue: MUTEX_QUEUE, kind: 0, max_leases: 1 };
 
 /// A fair, re-entrant mutex shared by every process that uses the same ZooKeeper lock path.
 ///
@@ -172,6 +172,14 @@ pub struct Participant {
     pub is_holder: bool,
     /// The ZooKeeper session that owns the node (its `ephemeralOwner`).
     pub session_id: i64,
+}
+
+impl Participant {
+    /// The participant id stored in the node: its data as UTF-8 (invalid bytes replaced), e.g.
+    /// the `id` of a [`LeaderLatch`](crate::LeaderLatch) or Curator's participant id.
+    pub fn id(&self) -> String {
+        String::from_utf8_lossy(&self.data).into_owned()
+    }
 }
 
 impl InterProcessMutex {
@@ -389,6 +397,11 @@ impl InterProcessMutex {
             });
         }
         Ok(participants)
+    }
+
+    /// The holds of this lock in this process.
+    pub(crate) fn holds(&self) -> &Holds {
+        &self.inner.holds
     }
 
     /// Whether any task in this process holds the lock through this mutex (or its clones).

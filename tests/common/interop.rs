@@ -127,6 +127,16 @@ impl Holder {
         Holder::spawn(&format!("Curator {mode}"), "java", &args)
     }
 
+    /// Curator's `LeaderLatch` (`mode` `latch`) or `LeaderSelector` (`selector`) on the election
+    /// `path` with participant `id` (`tests/interop/CuratorLeader.java`): keeps the ephemeral node
+    /// `<markers>/leader` while it leads, steps down when [`release_now`](Holder::release_now) is
+    /// called; [`say`](Holder::say)`("who")` makes it print `SEES <the leader's id>`.
+    pub fn curator_leader(connect: &str, path: &str, id: &str, mode: &str, markers: &str) -> Holder {
+        let jars = CURATOR_JARS.join(":");
+        let args = ["-cp", &jars, &source("CuratorLeader.java"), connect, path, id, mode, markers];
+        Holder::spawn(&format!("Curator {mode}"), "java", &args)
+    }
+
     /// kazoo's `Lock` on `path` (`tests/interop/kazoo_holder.py`): waits up to `wait`, holds for
     /// `hold`.
     pub fn kazoo(connect: &str, path: &str, wait: Duration, hold: Duration, patterns: KazooPatterns) -> Holder {
@@ -166,6 +176,14 @@ impl Holder {
         let line = self.next().await;
         assert_eq!(line, want, "{} printed {line:?}, expected {want:?}", self.what);
         Instant::now()
+    }
+
+    /// Writes `line` to its standard input.
+    pub async fn say(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self.stdin.as_mut().unwrap_or_else(|| panic!("the {} process has no input left", self.what));
+        stdin.write_all(format!("{line}\n").as_bytes()).await.expect("write to the child");
+        stdin.flush().await.expect("flush");
     }
 
     /// Ends a hold of no set length (closes its standard input).

@@ -1,0 +1,370 @@
+//! Leader election (`LeaderLatch`, `LeaderSelector`) against a real ZooKeeper: one leader at a
+//! time under random release, cancellation and session expiry (the history checker), leadership
+//! in queue order, `leader()` / `participants()` / `has_leadership()` agreeing with the holder,
+//! a lost leadership told — and a selector's leader future dropped — before the next leader is
+//! elected, and nothing left behind.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::history::History;
+use common::*;
+use rand::Rng;
+use zk_recipes::{Error, LeaderLatch, LeaderSelector, LockState, LossReason, ManagedClient};
+use zk_testcontainers::{expire_session, FaultProxy};
+use zookeeper_client as zk;
+
+/// The latch nodes of `path`, in queue order (Curator's layout: `_c_<uuid>-latch-<seq>`).
+async fn latch_nodes(client: &zk::Client, path: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = children(client, path).await.into_iter().filter(|n| n.contains("-latch-")).collect();
+    nodes.sort_by_key(|name| name[name.len() - 10..].to_owned());
+    nodes
+}
+
+/// Eight latches on their own sessions join, lead, step down, give up waiting, are cancelled and
+/// have their sessions expired at random: at no instant do two of them believe they lead (the
+/// history checker: a leadership lasts from `acquire` returning until its holder steps down or is
+/// told it lost), fencing tokens increase, `has_leadership()` is true exactly while leading, and
+/// no node is left while the sessions are still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_latches_one_leader_at_a_time() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-history");
+    let history = Arc::new(History::new(&path));
+    let clients: Vec<zk::Client> = {
+        let mut clients = Vec::new();
+        for _ in 0..8 {
+            clients.push(client().await);
+        }
+        clients
+    };
+    // The sessions the workers run on (each replaced after an expiry), kept open for the final
+    // check.
+    let sessions = Arc::new(Mutex::new(clients.clone()));
+    let expired = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (history, sessions, expired, path) = (history.clone(), sessions.clone(), expired.clone(), path.clone());
+        workers.push(tokio::spawn(async move {
+            let who = format!("latch-{w}");
+            let mut client = sessions.lock().unwrap()[w].clone();
+            let mut latch = LeaderLatch::builder(client.clone(), &path).id(who.clone()).build().unwrap();
+            let mut leaderships = 0;
+            while Instant::now() < deadline {
+                let (action, patience, lead_for) = {
+                    let mut rng = rand::rng();
+                    (
+                        rng.random_range(0..10u32),
+                        Duration::from_millis(rng.random_range(20..800)),
+                        Duration::from_millis(rng.random_range(0..60)),
+                    )
+                };
+                let leadership = match action {
+                    // Cancelled while waiting (or right after being elected).
+                    0 => {
+                        let _ = tokio::time::timeout(patience / 4, latch.acquire()).await;
+                        continue;
+                    },
+                    1 => latch.try_acquire().await,
+                    _ => latch.acquire_timeout(patience).await,
+                };
+                let Some(leadership) = leadership.expect("acquire") else {
+                    assert!(!latch.has_leadership(), "{who}: has_leadership() without a leadership");
+                    continue;
+                };
+                let hold = history.granted(&who, &leadership);
+                leaderships += 1;
+                assert!(latch.has_leadership(), "{who}: leading, but has_leadership() is false");
+                if action == 2 && expired.load(Ordering::SeqCst) < 2 && w % 2 == 0 {
+                    // The session ends under the leadership: revoked, like an operator would.
+                    expired.fetch_add(1, Ordering::SeqCst);
+                    history.revoked(&who);
+                    expire_session(zookeeper().await.connect_string(), &client).await.expect("expire");
+                    let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.expect("told");
+                    history.lost(hold, reason);
+                    assert!(!latch.has_leadership(), "{who}: a lost leadership is not leadership");
+                    drop(leadership);
+                    client = self::client().await;
+                    sessions.lock().unwrap()[w] = client.clone();
+                    latch = LeaderLatch::builder(client.clone(), &path).id(who.clone()).build().unwrap();
+                    continue;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(lead_for) => {},
+                    reason = leadership.lost() => history.lost(hold, reason),
+                }
+                history.releasing(hold);
+                if action % 2 == 0 {
+                    leadership.release().await.expect("step down");
+                } else {
+                    drop(leadership);
+                }
+                assert!(!latch.has_leadership(), "{who}: stepped down, but has_leadership() is true");
+            }
+            leaderships
+        }));
+    }
+    let mut total = 0;
+    for worker in workers {
+        total += worker.await.expect("worker");
+    }
+    let summary = history.check(None);
+    eprintln!("latches: {total} leaderships, {summary:?}");
+    assert!(summary.grants >= 20, "too few leaderships to say anything: {summary:?}");
+    let open = sessions.lock().unwrap().clone();
+    assert_no_nodes_left_while_open(&client().await, &path, &open, Duration::from_secs(5)).await;
+    let _ = zk;
+}
+
+/// Leadership passes in queue order; `leader()` and `participants()` show the leader's id first
+/// and everyone in queue order, and agree with who holds it; the latch stores Curator's layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_in_queue_order() {
+    let path = unique_path("latch-order");
+    let observer = client().await;
+    let mut latches = Vec::new();
+    for i in 0..4 {
+        latches.push(LeaderLatch::builder(client().await, &path).id(format!("node-{i}")).build().unwrap());
+    }
+    assert!(latches[0].leader().await.unwrap().is_none(), "nobody leads an empty election");
+    let first = latches[0].acquire().await.unwrap();
+    let mut waiting = Vec::new();
+    for (i, latch) in latches.iter().enumerate().skip(1) {
+        let latch = latch.clone();
+        waiting.push(tokio::spawn(async move { (i, latch.acquire().await.unwrap()) }));
+        // Queued before the next one joins.
+        eventually(Duration::from_secs(5), "queued", || async { latch_nodes(&observer, &path).await.len() == i + 1 })
+            .await;
+    }
+    let nodes = latch_nodes(&observer, &path).await;
+    assert!(nodes.iter().all(|n| n.starts_with("_c_") && n.contains("-latch-")), "Curator's layout: {nodes:?}");
+    let (data, _) = observer.get_data(&format!("{path}/{}", nodes[0])).await.unwrap();
+    assert_eq!(data, b"node-0", "the participant id is the node's data");
+
+    let mut leadership = first;
+    let mut tokens = vec![leadership.fencing_token()];
+    for expected in 0..4 {
+        let leader = latches[3 - expected].leader().await.unwrap().expect("a leader");
+        assert_eq!(leader.id(), format!("node-{expected}"));
+        assert_eq!(leader.path, leadership.lock_path());
+        let participants = latches[0].participants().await.unwrap();
+        let ids: Vec<String> = participants.iter().map(|p| p.id()).collect();
+        let want: Vec<String> = (expected..4).map(|i| format!("node-{i}")).collect();
+        assert_eq!(ids, want, "participants in queue order");
+        assert!(participants[0].is_holder && participants[1..].iter().all(|p| !p.is_holder));
+        for (i, latch) in latches.iter().enumerate() {
+            assert_eq!(latch.has_leadership(), i == expected, "has_leadership of node-{i}");
+        }
+        leadership.release().await.unwrap();
+        if expected == 3 {
+            break;
+        }
+        // Exactly the next in the queue is elected, nobody else.
+        let queued = &waiting;
+        eventually(Duration::from_secs(10), "next elected", move || async move {
+            queued.iter().any(|waiter| waiter.is_finished())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let elected: Vec<usize> = waiting.iter().enumerate().filter(|(_, w)| w.is_finished()).map(|(k, _)| k).collect();
+        assert_eq!(elected, [0], "one elected, the first in the queue");
+        let (next, granted) = waiting.remove(0).await.unwrap();
+        assert_eq!(next, expected + 1, "leadership in queue order");
+        tokens.push(granted.fencing_token());
+        leadership = granted;
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens increase: {tokens:?}");
+    assert!(latches[0].leader().await.unwrap().is_none());
+    assert_no_nodes_left(&observer, &path).await;
+}
+
+/// A leader whose connection stalls is told it lost leadership before the next leader is
+/// elected; `has_leadership()` is false from then on although its guard is still held, and the
+/// next leader's fencing token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_leader_is_told_before_the_next_is_elected() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-stall");
+    let t = Duration::from_secs(3);
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let stalled_client = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.expect("connect");
+    let latch = LeaderLatch::builder(stalled_client, &path).id("stalled").build().unwrap();
+    let leadership = latch.acquire().await.unwrap();
+    let next = LeaderLatch::builder(client().await, &path).id("next").build().unwrap();
+    let waiting = tokio::spawn({
+        let next = next.clone();
+        async move {
+            let leadership = next.acquire().await.unwrap();
+            (Instant::now(), leadership)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(latch.has_leadership() && !waiting.is_finished());
+
+    let stalled_at = Instant::now();
+    proxy.stall();
+    let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.expect("told");
+    let told_at = Instant::now();
+    assert!(matches!(reason, LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed), "{reason:?}");
+    assert!(!latch.has_leadership(), "a lost leadership is not leadership, guard or not");
+    assert!(matches!(leadership.state(), LockState::Lost(_)));
+    let (elected_at, new_leadership) = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap();
+    eprintln!("stall → old leader told {:?}, next elected {:?}", told_at - stalled_at, elected_at - stalled_at);
+    assert_within(told_at - stalled_at, t * 2 / 5, "README: connection stalled, Suspended policy: told ≤ 0.4 T");
+    assert!(told_at < elected_at, "the old leader learned of the loss only after the next was elected");
+    assert!(next.has_leadership() && !latch.has_leadership());
+    assert!(leadership.fencing_token() < new_leadership.fencing_token());
+    assert_eq!(next.leader().await.unwrap().expect("leader").id(), "next");
+    proxy.pass();
+    drop(leadership);
+    new_leadership.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// Records when a leader's future was dropped.
+struct DropStamp(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// A `LeaderSelector` on a managed client whose connection stalls: its leader's future is
+/// dropped (not left running) before the other selector's leader starts; after the session
+/// expires, the selector queues again on the new session by itself and leads again when the
+/// other steps down — never from a node of the old session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_drops_its_leader_on_loss_and_queues_again() {
+    let zk = zookeeper().await;
+    let path = unique_path("selector-stall");
+    let t = Duration::from_secs(3);
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let managed = ManagedClient::builder(proxy.addr()).session_timeout(t).connect().await.expect("managed client");
+    let first_session = managed.client().session_id().0;
+    let selector = LeaderSelector::builder(&managed, &path).id("a").build().unwrap();
+    let dropped = Arc::new(Mutex::new(None));
+    let leaderships = Arc::new(Mutex::new(Vec::new()));
+    let run_a = tokio::spawn({
+        let (selector, dropped, leaderships) = (selector.clone(), dropped.clone(), leaderships.clone());
+        async move {
+            selector
+                .run(|leadership| {
+                    let stamp = DropStamp(dropped.clone());
+                    leaderships.lock().unwrap().push((leadership.lock_path().to_owned(), leadership.fencing_token()));
+                    async move {
+                        let _stamp = stamp;
+                        let _leadership = leadership;
+                        std::future::pending::<()>().await; // leads until it is taken away
+                    }
+                })
+                .await
+        }
+    });
+    eventually(Duration::from_secs(10), "a leads", || async { selector.has_leadership() }).await;
+
+    // The other selector leads for 300 ms each time it is elected, recording when it started.
+    let other = LeaderSelector::builder(client().await, &path).id("b").build().unwrap();
+    let b_started = Arc::new(Mutex::new(Vec::new()));
+    let run_b = tokio::spawn({
+        let (other, b_started) = (other.clone(), b_started.clone());
+        async move {
+            other
+                .run(|leadership| {
+                    let b_started = b_started.clone();
+                    async move {
+                        b_started.lock().unwrap().push((Instant::now(), leadership.fencing_token()));
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                })
+                .await
+        }
+    });
+    eventually(Duration::from_secs(5), "b queued", || async { other.participants().await.unwrap().len() == 2 }).await;
+    assert!(b_started.lock().unwrap().is_empty());
+
+    let stalled_at = Instant::now();
+    proxy.stall();
+    eventually(Duration::from_secs(15), "b elected", || async { !b_started.lock().unwrap().is_empty() }).await;
+    let dropped_at = dropped.lock().unwrap().expect("a's leader future was dropped");
+    let (b_at, b_token) = b_started.lock().unwrap()[0];
+    eprintln!("stall → a's leader dropped {:?}, b elected {:?}", dropped_at - stalled_at, b_at - stalled_at);
+    assert!(dropped_at < b_at, "a's leader future ran on after b was elected");
+    assert_within(
+        dropped_at - stalled_at,
+        t * 2 / 5,
+        "README: a LeaderSelector's leader is dropped ≤ 0.4 T after a stall",
+    );
+    assert!(!selector.has_leadership());
+
+    // The stalled session expires while the proxy holds its traffic; the managed client gets a
+    // new session, on which `a` queues again and leads again (b steps down every 300 ms).
+    tokio::time::sleep(t + Duration::from_millis(500)).await;
+    proxy.pass();
+    eventually(Duration::from_secs(20), "a leads again", || async { leaderships.lock().unwrap().len() >= 2 }).await;
+    let (node, token) = leaderships.lock().unwrap()[1].clone();
+    let owner = client().await.get_data(&node).await.map(|(_, stat)| stat.ephemeral_owner);
+    assert!(owner.is_ok_and(|owner| owner != first_session), "a leads again on a node of the new session");
+    assert!(token > b_token, "fencing tokens grow across leaders");
+    run_a.abort();
+    run_b.abort();
+    let _ = run_a.await;
+    let _ = run_b.await;
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// `run` returns only for what no retry can fix: a plain client whose session expired
+/// (`SessionLost`), and refused ACLs (`NoAuth`); the leader is stepped down and requeued when
+/// its future completes, so two selectors alternate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selector_steps_down_requeues_and_ends_only_when_no_retry_can_fix_it() {
+    let zk = zookeeper().await;
+    let path = unique_path("selector-alternate");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut runs = Vec::new();
+    let mut clients = Vec::new();
+    for id in ["x", "y"] {
+        let client = client().await;
+        clients.push(client.clone());
+        let selector = LeaderSelector::builder(client, &path).id(id).build().unwrap();
+        let order = order.clone();
+        runs.push(tokio::spawn(async move {
+            selector
+                .run(|leadership| {
+                    let order = order.clone();
+                    async move {
+                        order.lock().unwrap().push((id, leadership.fencing_token()));
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+                .await
+        }));
+    }
+    eventually(Duration::from_secs(10), "six leaderships", || async { order.lock().unwrap().len() >= 6 }).await;
+    let seen = order.lock().unwrap().clone();
+    assert!(seen.windows(2).all(|w| w[0].0 != w[1].0), "each steps down and queues behind the other: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "fencing tokens grow: {seen:?}");
+
+    // The plain client of x expires: its run ends with SessionLost, y leads on alone.
+    expire_session(zk.connect_string(), &clients[0]).await.expect("expire");
+    let x = runs.remove(0);
+    let ended = tokio::time::timeout(Duration::from_secs(15), x).await.expect("x's run ends").unwrap();
+    assert!(matches!(ended, Err(Error::SessionLost { .. })), "{ended:?}");
+    let before = order.lock().unwrap().len();
+    eventually(Duration::from_secs(5), "y leads on", || async { order.lock().unwrap().len() >= before + 3 }).await;
+    runs.remove(0).abort();
+
+    // A path we may not create in: NoAuth, at once.
+    let protected = unique_path("selector-acl");
+    let owner = client().await;
+    owner.create(&protected, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_read())).await.unwrap();
+    let denied = LeaderSelector::new(client().await, format!("{protected}/election")).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), denied.run(|_| async {})).await.expect("run ends");
+    assert!(matches!(ended, Err(Error::NoAuth { .. })), "{ended:?}");
+    owner.delete(&protected, None).await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
