@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{client, eventually, unique_path, zookeeper};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use zk_recipes::{InterProcessMutex, InterProcessReadWriteLock, LossReason, ManagedClient};
+use zk_recipes::{
+    InterProcessMutex, InterProcessReadWriteLock, LeaderLatch, LeaderSelector, LossReason, ManagedClient,
+};
 use zk_testcontainers::expire_session;
 
 /// One recorded metric: its name, its labels, its value.
@@ -153,4 +155,49 @@ async fn every_documented_metric_is_recorded() {
         assert_eq!(recorded.samples("zk_recipes_hold_seconds", &[("recipe", recipe)]).len(), 1, "{recipe}");
     }
     assert_eq!(recorded.counter("zk_recipes_handoffs_total", &[("recipe", "write_lock")]), 1);
+    // A mutex's holds are not leaderships.
+    assert_eq!(recorded.counter("zk_recipes_leadership_changes_total", &[]), 0);
+
+    // Leader election: a latch's leadership stepped down, another lost; a selector's leadership.
+    let election = unique_path("metrics-election");
+    let latch = LeaderLatch::builder(client().await, &election).id("a").build().unwrap();
+    let leadership = latch.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    leadership.release().await.unwrap();
+    let leadership = latch.acquire().await.unwrap();
+    client().await.delete(leadership.lock_path(), None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.unwrap();
+    drop(leadership);
+    let recorded = Recorded::take(&snapshotter);
+    let latch_label = ("recipe", "leader_latch");
+    assert_eq!(recorded.counter("zk_recipes_leadership_changes_total", &[latch_label, ("change", "elected")]), 2);
+    assert_eq!(recorded.counter("zk_recipes_leadership_changes_total", &[latch_label, ("change", "stepped_down")]), 1);
+    assert_eq!(recorded.counter("zk_recipes_leadership_changes_total", &[latch_label, ("change", "lost")]), 1);
+    let led = recorded.samples("zk_recipes_leader_seconds", &[latch_label]);
+    assert_eq!(led.len(), 2, "{led:?}");
+    assert!(led.iter().any(|secs| *secs >= 0.2), "the first leadership lasted 200 ms: {led:?}");
+
+    let selector = LeaderSelector::new(client().await, unique_path("metrics-selector")).unwrap();
+    let (led_tx, mut led_rx) = tokio::sync::mpsc::unbounded_channel();
+    let run = tokio::spawn(async move {
+        selector
+            .run(|_leadership| {
+                let led_tx = led_tx.clone();
+                async move {
+                    let _ = led_tx.send(());
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), led_rx.recv()).await.unwrap();
+    run.abort();
+    let _ = run.await;
+    let recorded = Recorded::take(&snapshotter);
+    let selector_label = ("recipe", "leader_selector");
+    assert_eq!(recorded.counter("zk_recipes_leadership_changes_total", &[selector_label, ("change", "elected")]), 1);
+    assert_eq!(
+        recorded.counter("zk_recipes_leadership_changes_total", &[selector_label, ("change", "stepped_down")]),
+        1
+    );
 }
