@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
-use zk_recipes::{Error, InterProcessMutex, LockGuard, ManagedClient, Participant};
+use zk_recipes::{Error, InterProcessMutex, LeaderLatch, LockGuard, ManagedClient, Participant};
 
 mod supervisor;
 
@@ -102,7 +102,20 @@ enum Command {
     /// the lock is lost, when the command exits, and when zklock dies, even by SIGKILL.
     #[command(after_help = EXIT_CODES)]
     Run(RunArgs),
-    /// Show who holds a lock and who waits, in queue order.
+    /// Run a command while this process is the leader of an election, for ever: one active
+    /// instance of a service among many.
+    ///
+    /// Joins the election (a Curator-compatible `LeaderLatch`: Curator's `LeaderLatch` on the same
+    /// path is a peer) and starts the command once elected, with ZKLOCK_PATH, ZKLOCK_NODE and
+    /// ZKLOCK_FENCING_TOKEN. If leadership is lost, the command and everything it started are
+    /// stopped exactly as `run` stops them, and zklock joins the election again (on a new session
+    /// if the old one expired) and restarts the command when it leads again. If the command exits
+    /// by itself, zklock steps down, waits --restart-delay and joins again. SIGINT, SIGTERM, SIGHUP
+    /// and SIGQUIT are forwarded to a running command; zklock then exits with its status (128+N
+    /// while waiting to lead).
+    #[command(after_help = EXIT_CODES)]
+    Leader(LeaderArgs),
+    /// Show who holds a lock (or leads an election) and who waits, in queue order.
     #[command(after_help = EXIT_CODES)]
     Status(StatusArgs),
 }
@@ -137,23 +150,43 @@ struct RunArgs {
     /// The exit status when the lock is taken and --nonblock was given.
     #[arg(short = 'E', long, default_value_t = exit::CONFLICT)]
     conflict_exit_code: u8,
-    /// Text stored in our lock node, shown by `zklock status` [default: hostname:pid].
-    #[arg(long)]
-    data: Option<String>,
-    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL (also what
-    /// the command left running when it exits gets between the two, before the release)
-    /// [default: a quarter of the session timeout, so the command is gone before ZooKeeper can
-    /// expire the session and grant the lock to someone else].
-    #[arg(long, value_parser = parse_duration)]
-    kill_after: Option<Duration>,
     /// No progress line while waiting (it is shown only when stderr is a terminal anyway).
     #[arg(short, long)]
     quiet: bool,
-    /// The lock path, e.g. /locks/nightly-backup.
+    #[command(flatten)]
+    job: JobArgs,
+}
+
+/// What `run` and `leader` run: a command under a lock path.
+#[derive(Args, Debug)]
+struct JobArgs {
+    /// Text stored in our node, shown by `zklock status` (for `leader`: the participant id)
+    /// [default: hostname:pid].
+    #[arg(long)]
+    data: Option<String>,
+    /// After the lock (or leadership) is lost, how long the command gets between SIGTERM and
+    /// SIGKILL (also what the command left running when it exits gets between the two, before
+    /// the release) [default: a quarter of the session timeout, so the command is gone before
+    /// ZooKeeper can expire the session and grant the lock to someone else].
+    #[arg(long, value_parser = parse_duration)]
+    kill_after: Option<Duration>,
+    /// The lock path (for `leader`: the election path), e.g. /locks/nightly-backup.
     lock_path: String,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct LeaderArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// After the command exits by itself while leading, how long to wait before joining the
+    /// election again (it is restarted once this process leads again).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    restart_delay: Duration,
+    #[command(flatten)]
+    job: JobArgs,
 }
 
 #[derive(Args, Debug)]
@@ -215,6 +248,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
+            Command::Leader(args) => leader(args).await,
             Command::Status(args) => status(args).await,
         }
     });
@@ -273,7 +307,7 @@ fn default_node_data() -> String {
 }
 
 async fn run(args: RunArgs) -> Result<u8, Failure> {
-    zk_recipes::validate_lock_path(&args.lock_path).map_err(Failure::from_lock)?;
+    zk_recipes::validate_lock_path(&args.job.lock_path).map_err(Failure::from_lock)?;
     auth(&args.connection)?;
     let mut signals = Signals::install()?;
 
@@ -293,16 +327,9 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
 }
 
 async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals) -> Result<u8, Failure> {
-    if let Some(kill_after) = args.kill_after {
-        if kill_after > args.connection.session_timeout * 7 / 20 {
-            eprintln!(
-                "zklock: warning: --kill-after {kill_after:?} is over 0.35 × the session timeout: after a lost lock \
-                 the command may still run when ZooKeeper grants the lock to someone else"
-            );
-        }
-    }
-    let data = args.data.clone().unwrap_or_else(default_node_data);
-    let mutex = InterProcessMutex::builder(zk, args.lock_path.as_str())
+    warn_kill_after(&args.connection, &args.job);
+    let data = args.job.data.clone().unwrap_or_else(default_node_data);
+    let mutex = InterProcessMutex::builder(zk, args.job.lock_path.as_str())
         .node_data(data.clone())
         .build()
         .map_err(Failure::from_lock)?;
@@ -328,7 +355,7 @@ async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals
         // Dropping the acquire sends the deletion of our queued node; wait for it to be done.
         drop(acquire);
         progress.finish();
-        wait_until_gone(&mutex, zk).await;
+        wait_until_gone(|| mutex.participants(), zk).await;
         return Ok(128 + signal as u8);
     };
     progress.finish();
@@ -338,15 +365,84 @@ async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals
         Ok(Err(Waited::Conflict)) => return Ok(args.conflict_exit_code),
         Ok(Err(Waited::TimedOut)) => {
             // The timed-out acquire deletes our queued node in the background: see it done.
-            wait_until_gone(&mutex, zk).await;
-            return Err(Failure::new(exit::TIMEOUT, format!("timed out waiting for {}", args.lock_path)));
+            wait_until_gone(|| mutex.participants(), zk).await;
+            return Err(Failure::new(exit::TIMEOUT, format!("timed out waiting for {}", args.job.lock_path)));
         },
         Err(err) => {
-            wait_until_gone(&mutex, zk).await;
+            wait_until_gone(|| mutex.participants(), zk).await;
             return Err(Failure::from_lock(err));
         },
     };
-    supervise(args, guard, signals).await
+    supervise(&args.connection, &args.job, guard, signals).await
+}
+
+fn warn_kill_after(connection: &Connection, job: &JobArgs) {
+    if let Some(kill_after) = job.kill_after {
+        if kill_after > connection.session_timeout * 7 / 20 {
+            eprintln!(
+                "zklock: warning: --kill-after {kill_after:?} is over 0.35 × the session timeout: after a lost lock \
+                 the command may still run when ZooKeeper grants the lock to someone else"
+            );
+        }
+    }
+}
+
+/// `leader`: joins the election, runs the command while leading, for ever (see its help).
+async fn leader(args: LeaderArgs) -> Result<u8, Failure> {
+    zk_recipes::validate_lock_path(&args.job.lock_path).map_err(Failure::from_lock)?;
+    auth(&args.connection)?;
+    let mut signals = Signals::install()?;
+    let zk = tokio::select! {
+        zk = connect(&args.connection) => zk?,
+        signal = signals.recv() => return Ok(128 + signal as u8),
+    };
+    let outcome = lead(&args, &zk, &mut signals).await;
+    // As `run`: nothing of our session stays behind (bounded).
+    if zk.state() != zk_recipes::ConnectionState::Suspended {
+        let bound = args.connection.connect_timeout.min(args.connection.session_timeout / 4);
+        let _ = tokio::time::timeout(bound, zk.close()).await;
+    }
+    outcome
+}
+
+async fn lead(args: &LeaderArgs, zk: &ManagedClient, signals: &mut Signals) -> Result<u8, Failure> {
+    warn_kill_after(&args.connection, &args.job);
+    let path = &args.job.lock_path;
+    let id = args.job.data.clone().unwrap_or_else(default_node_data);
+    let latch = LeaderLatch::builder(zk, path.as_str()).id(id).build().map_err(Failure::from_lock)?;
+    loop {
+        let leadership = tokio::select! {
+            elected = latch.acquire() => elected.map_err(Failure::from_lock)?,
+            signal = signals.recv() => {
+                wait_until_gone(|| latch.participants(), zk).await;
+                return Ok(128 + signal as u8);
+            },
+        };
+        eprintln!("zklock: leading {path} (fencing token {}); starting the command", leadership.fencing_token());
+        signals.forwarded = false;
+        let code = match supervise(&args.connection, &args.job, leadership, signals).await {
+            Ok(code) => code,
+            // Lost between the election and the start: the command was not started.
+            Err(failure) if failure.code == exit::LOST => exit::LOST,
+            Err(failure) => return Err(failure),
+        };
+        if signals.forwarded {
+            // Stopped from outside (systemd, Ctrl-C): leave with the command's status.
+            return Ok(code);
+        }
+        if code == exit::LOST {
+            eprintln!("zklock: leadership of {path} lost; the command was stopped; joining the election again");
+            continue;
+        }
+        eprintln!(
+            "zklock: the command exited ({code}) while leading {path}; stepped down, joining the election again in {:?}",
+            args.restart_delay
+        );
+        tokio::select! {
+            () = tokio::time::sleep(args.restart_delay) => {},
+            signal = signals.recv() => return Ok(128 + signal as u8),
+        }
+    }
 }
 
 enum Waited {
@@ -361,11 +457,15 @@ fn is_ours(participant: &Participant, zk: &ManagedClient) -> bool {
 
 /// Waits (3 s at most) until our abandoned node is gone, so that no waiter queues behind a
 /// process that left, for the session timeout, when we exit before the background deletion ran.
-async fn wait_until_gone(mutex: &InterProcessMutex, zk: &ManagedClient) {
+async fn wait_until_gone<F, Fut>(participants: F, zk: &ManagedClient)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = zk_recipes::Result<Vec<Participant>>>,
+{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     let _ = tokio::time::timeout_at(deadline, async {
         loop {
-            match mutex.participants().await {
+            match participants().await {
                 Ok(participants) if !participants.iter().any(|p| is_ours(p, zk)) => return,
                 // Still there, or cannot look (the connection is down): wait and look again.
                 Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -384,6 +484,8 @@ struct Signals {
     /// Caught so that Ctrl-Z cannot stop zklock (its session would expire while the command, in
     /// a group of its own, runs on); ignored.
     stop: tokio::signal::unix::Signal,
+    /// Whether a signal was forwarded to the command (since last reset).
+    forwarded: bool,
 }
 
 impl Signals {
@@ -395,6 +497,7 @@ impl Signals {
             hangup: install(SignalKind::hangup())?,
             quit: install(SignalKind::quit())?,
             stop: install(SignalKind::from_raw(libc::SIGTSTP))?,
+            forwarded: false,
         })
     }
 
@@ -433,21 +536,26 @@ async fn release(guard: LockGuard, connection: &Connection) {
 }
 
 /// Runs the command under the lock: step 4 and 5.
-async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> Result<u8, Failure> {
-    let (program, rest) = args.command.split_first().ok_or_else(|| Failure::new(exit::USAGE, "no command given"))?;
+async fn supervise(
+    connection: &Connection,
+    job: &JobArgs,
+    guard: LockGuard,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
+    let (program, rest) = job.command.split_first().ok_or_else(|| Failure::new(exit::USAGE, "no command given"))?;
     // A signal that arrived while the lock was being granted, or a hold already lost: the
     // command is not started.
     if let Some(signal) = signals.pending().await {
-        release(guard, &args.connection).await;
+        release(guard, connection).await;
         return Ok(128 + signal as u8);
     }
     if let zk_recipes::LockState::Lost(reason) = guard.state() {
         return Err(Failure::new(
             exit::LOST,
-            format!("lock {} lost before the command started ({reason})", args.lock_path),
+            format!("lock {} lost before the command started ({reason})", job.lock_path),
         ));
     }
-    let kill_after = args.kill_after.unwrap_or(args.connection.session_timeout / 4);
+    let kill_after = job.kill_after.unwrap_or(connection.session_timeout / 4);
     // The command runs under a supervisor, a copy of us (see supervisor.rs for the invariant and
     // its proof): a child subreaper that kills everything the command started when we die (it
     // sees the end of file on the control socket), when we ask (a lost lock) and when the command
@@ -457,7 +565,7 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
     // SAFETY: prctl(2) with integer arguments has no memory effects.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         let err = std::io::Error::last_os_error();
-        release(guard, &args.connection).await;
+        release(guard, connection).await;
         return Err(Failure::new(exit::ERROR, format!("cannot become a child subreaper: {err}")));
     }
     let (control, theirs) = std::os::unix::net::UnixStream::pair()
@@ -472,7 +580,7 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
         .arg("--")
         .arg(program)
         .args(rest)
-        .env("ZKLOCK_PATH", &args.lock_path)
+        .env("ZKLOCK_PATH", &job.lock_path)
         .env("ZKLOCK_NODE", guard.lock_path())
         .env("ZKLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         // Our credentials are not the command's business.
@@ -499,7 +607,7 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
     let mut child = match spawned {
         Ok(child) => child,
         Err(err) => {
-            release(guard, &args.connection).await;
+            release(guard, connection).await;
             return Err(Failure::new(exit::CANNOT_EXECUTE, format!("cannot start the supervisor: {err}")));
         },
     };
@@ -513,13 +621,16 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
             // The supervisor's exit first: one that ended as the loss arrived ran under the lock.
             biased;
             status = child.wait() => break status,
-            signal = signals.recv() => send([supervisor::FORWARD, signal as u8]),
+            signal = signals.recv() => {
+                signals.forwarded = true;
+                send([supervisor::FORWARD, signal as u8]);
+            },
             reason = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
                     "zklock: lock {} lost ({reason}); stopping the command and everything it started (SIGTERM, \
                      SIGKILL after {kill_after:?})",
-                    args.lock_path
+                    job.lock_path
                 );
                 send([supervisor::STOP, 0]);
             },
@@ -540,7 +651,7 @@ async fn supervise(args: &RunArgs, guard: LockGuard, signals: &mut Signals) -> R
         return Ok(exit::LOST);
     }
     // Confirmed by ZooKeeper before we exit (bounded), so the next waiter is not held up by us.
-    release(guard, &args.connection).await;
+    release(guard, connection).await;
     Ok(exit_status(status))
 }
 
@@ -601,7 +712,12 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     zk_recipes::validate_lock_path(&args.lock_path).map_err(Failure::from_lock)?;
     let zk = connect(&args.connection).await?;
     let mutex = InterProcessMutex::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
-    let participants = mutex.participants().await.map_err(Failure::from_lock)?;
+    let mut participants = mutex.participants().await.map_err(Failure::from_lock)?;
+    if participants.is_empty() {
+        // An election path (`zklock leader`, a LeaderLatch): its participants, the leader first.
+        let latch = LeaderLatch::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
+        participants = latch.participants().await.map_err(Failure::from_lock)?;
+    }
     if participants.is_empty() {
         // A missing chroot, or a missing lock path, lists as an empty queue: say so instead of
         // "free".

@@ -732,3 +732,129 @@ async fn a_killed_supervisor_leaves_no_descendant() {
     assert!(!daemon_ran_on, "the setsid descendant outlived the lock");
     wait_for_queue(&path, 0).await;
 }
+
+/// The next line of a child's output, within 20 s, with the instant it was read.
+async fn next_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    who: &str,
+) -> (String, Instant) {
+    match tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await {
+        Ok(Ok(Some(line))) => (line, Instant::now()),
+        other => panic!("no line from {who}: {other:?}"),
+    }
+}
+
+/// `zklock leader`: one active instance among two. The leader's connection stalls: its command
+/// is stopped (SIGTERM) within 0.4 T — before the other's command starts, which ZooKeeper allows
+/// only once it expired the stalled session. The stalled one joins again on a new session and,
+/// when the other is stopped with SIGTERM (forwarded; it exits with its command's status), leads
+/// again and restarts its command. Fencing tokens grow; `status` lists the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_runs_one_active_instance() {
+    let server = zookeeper().await;
+    let t = Duration::from_secs(4);
+    let path = unique_path("leader");
+    let script = "echo leading $ZKLOCK_FENCING_TOKEN; trap 'echo term; exit 0' TERM; sleep 300 & wait";
+    let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
+    let session_timeout = format!("{}s", t.as_secs());
+    let spawn = |connect: String, id: &'static str| {
+        let (path, session_timeout) = (path.clone(), session_timeout.clone());
+        async move {
+            zklock(&[
+                "leader",
+                "--connect",
+                &connect,
+                "--session-timeout",
+                &session_timeout,
+                "--data",
+                id,
+                &path,
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .await
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+        }
+    };
+    let token = |line: &str| -> i64 { line.strip_prefix("leading ").and_then(|t| t.parse().ok()).expect(line) };
+    let mut a = spawn(proxy.addr(), "a").await;
+    let mut a_lines = BufReader::new(a.stdout.take().unwrap()).lines();
+    let (line, _) = next_line(&mut a_lines, "a").await;
+    let first = token(&line);
+    let mut b = spawn(server.connect_string().to_owned(), "b").await;
+    let mut b_lines = BufReader::new(b.stdout.take().unwrap()).lines();
+    wait_for_queue(&path, 2).await;
+    let listed = status(&path).await;
+    assert_eq!(listed["participants"][0]["data"], "a", "{listed}");
+    assert_eq!(listed["participants"][0]["holder"], true, "{listed}");
+
+    proxy.stall();
+    let stalled_at = Instant::now();
+    let (line, stopped_at) = next_line(&mut a_lines, "a").await;
+    assert_eq!(line, "term");
+    let (line, b_started_at) = next_line(&mut b_lines, "b").await;
+    let second = token(&line);
+    eprintln!(
+        "leader stalled: its command stopped after {:?}, the other's started after {:?}",
+        stopped_at - stalled_at,
+        b_started_at - stalled_at
+    );
+    assert!(stopped_at < b_started_at, "the stalled leader's command ran on after the other's started");
+    assert!(
+        stopped_at - stalled_at <= t * 2 / 5 + SCHED_SLACK,
+        "stopped {:?} after the stall",
+        stopped_at - stalled_at
+    );
+    assert!(second > first, "fencing tokens grow: {first} then {second}");
+
+    // a comes back on a new session and queues; b is stopped from outside: a leads again.
+    proxy.pass();
+    wait_for_queue(&path, 2).await;
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(b.id().unwrap() as libc::pid_t, libc::SIGTERM) };
+    let (line, _) = next_line(&mut b_lines, "b").await;
+    assert_eq!(line, "term");
+    let status_b = tokio::time::timeout(Duration::from_secs(20), b.wait()).await.expect("b exits").unwrap();
+    assert_eq!(status_b.code(), Some(0), "b exits with its command's status");
+    let (line, _) = next_line(&mut a_lines, "a").await;
+    let third = token(&line);
+    assert!(third > second, "fencing tokens grow: {second} then {third}");
+    unsafe { libc::kill(a.id().unwrap() as libc::pid_t, libc::SIGTERM) };
+    let (line, _) = next_line(&mut a_lines, "a").await;
+    assert_eq!(line, "term");
+    let status_a = tokio::time::timeout(Duration::from_secs(20), a.wait()).await.expect("a exits").unwrap();
+    assert_eq!(status_a.code(), Some(0));
+    wait_for_queue(&path, 0).await;
+}
+
+/// A command that exits by itself while leading is restarted after `--restart-delay` (this
+/// process steps down and joins again); SIGTERM during the delay ends zklock with 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_restarts_a_command_that_exits() {
+    let path = unique_path("leader-restart");
+    let delay = Duration::from_secs(2);
+    let mut child = zklock(&["leader", "--restart-delay", "2s", &path, "--", "sh", "-c", "echo run; exit 3"])
+        .await
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (line, first) = next_line(&mut lines, "zklock leader").await;
+    assert_eq!(line, "run");
+    let (line, second) = next_line(&mut lines, "zklock leader").await;
+    assert_eq!(line, "run");
+    assert!(second - first >= delay, "restarted after {:?}, before --restart-delay", second - first);
+    // The command has exited (it exits right after its line); zklock is in its restart delay.
+    tokio::time::sleep(delay / 2).await;
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    wait_for_queue(&path, 0).await;
+}
