@@ -1,10 +1,13 @@
-//! Soak: 16 sessions on a 3-server ensemble acquire, time out, cancel and release at random while
+//! Soak: 16 sessions on a 3-server ensemble acquire, time out, cancel and release at random — and
+//! 4 leader latches on sessions of their own join, lead, step down and give up on one election —
+//! while
 //! a random fault hits the ensemble every few seconds (leader or follower killed, a follower cut
 //! off from its peers, a server isolated or paused, a session expired). At the end the history
 //! checker (`common/history.rs`) proves that no two holders believed they held the lock at once,
 //! that fencing tokens increased, that the fenced counter is exact, and that no node is left —
 //! checked while every worker's session is still open, so a node our cleanup leaked is not hidden
-//! by the server ending the session. Also asserted:
+//! by the server ending the session. The election gets the same checks (one leader at a time,
+//! unless the earlier one was told first; tokens growing; no node left). Also asserted:
 //! - no hung waiter: every `acquire_timeout` (and every cancelled acquire) returns by its
 //!   patience plus `SCHED_SLACK` (README: `acquire_timeout` returns `Ok(None)` at its timeout,
 //!   also without a session), every `try_acquire` within [`try_acquire_bound`] (2 T); so the
@@ -31,11 +34,14 @@ use common::*;
 use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
-use zk_recipes::{Error, InterProcessMutex, LossPolicy};
+use zk_recipes::{Error, InterProcessMutex, LeaderLatch, LossPolicy};
 use zk_testcontainers::{expire_session, Ensemble};
 use zookeeper_client as zk;
 
 const SESSIONS: usize = 16;
+
+/// Leader latches beside the mutexes, each on a session of its own, on one election path.
+const LATCHES: usize = 4;
 
 /// The longest patience of an acquire in the soak.
 const MAX_PATIENCE: Duration = Duration::from_millis(3000);
@@ -79,6 +85,10 @@ struct Soak {
     overruns: Mutex<Vec<String>>,
     /// Faults that hit a holder (see the module docs).
     hits: AtomicUsize,
+    /// The election the latches run, its history, and each latch worker's current client.
+    election: String,
+    leaderships: History,
+    latch_clients: Mutex<Vec<Option<zk::Client>>>,
 }
 
 impl Soak {
@@ -88,18 +98,69 @@ impl Soak {
     }
 }
 
+/// A new session on the ensemble, retried while the ensemble is faulted.
+async fn connect(soak: Arc<Soak>) -> zk::Client {
+    loop {
+        match soak.ensemble.client(soak.t).await {
+            Ok(client) => return client,
+            Err(_) if soak.stop.load(Ordering::SeqCst) => return soak.ensemble.client(soak.t).await.unwrap(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// A participant of the election: joins (giving up or cancelled after a random patience), leads
+/// for a random time or until told it lost leadership, steps down; a new session when its session
+/// is lost. Its leaderships go into `soak.leaderships`.
+async fn latch_worker(soak: Arc<Soak>, w: usize) {
+    let who = format!("latch-{w}");
+    let policy = if w.is_multiple_of(2) { LossPolicy::Suspended } else { LossPolicy::SessionDeadline };
+    let mut client = connect(soak.clone()).await;
+    soak.latch_clients.lock().unwrap()[w] = Some(client.clone());
+    let build = |client: &zk::Client| {
+        LeaderLatch::builder(client.clone(), &soak.election).id(who.clone()).loss_policy(policy).build().unwrap()
+    };
+    let mut latch = build(&client);
+    while !soak.stop.load(Ordering::SeqCst) {
+        let (patience, lead_for) = {
+            let mut rng = rand::rng();
+            (Duration::from_millis(rng.random_range(50..MAX_PATIENCE.as_millis() as u64)), rng.random_range(0..1500u64))
+        };
+        match tokio::time::timeout(patience, latch.acquire()).await {
+            Ok(Ok(leadership)) => {
+                let index = soak.leaderships.granted(&who, &leadership);
+                tokio::select! {
+                    reason = leadership.lost() => soak.leaderships.lost(index, reason),
+                    () = tokio::time::sleep(Duration::from_millis(lead_for)) => soak.leaderships.releasing(index),
+                }
+                if lead_for % 2 == 0 {
+                    let _ = tokio::time::timeout(soak.t * 2, leadership.release()).await;
+                } else {
+                    drop(leadership);
+                }
+            },
+            // Cancelled: the future is dropped, its node deleted in the background.
+            Err(_) => {},
+            Ok(Err(err @ Error::SessionLost { .. })) => {
+                soak.error(&err);
+                client = connect(soak.clone()).await;
+                soak.latch_clients.lock().unwrap()[w] = Some(client.clone());
+                latch = build(&client);
+            },
+            Ok(Err(err)) => {
+                soak.error(&err);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            },
+        }
+    }
+    if client.state().is_terminated() {
+        soak.latch_clients.lock().unwrap()[w] = Some(connect(soak.clone()).await);
+    }
+}
+
 async fn worker(soak: Arc<Soak>, w: usize) {
     let who = format!("session-{w}");
     let policy = if w.is_multiple_of(2) { LossPolicy::Suspended } else { LossPolicy::SessionDeadline };
-    let connect = |soak: Arc<Soak>| async move {
-        loop {
-            match soak.ensemble.client(soak.t).await {
-                Ok(client) => return client,
-                Err(_) if soak.stop.load(Ordering::SeqCst) => return soak.ensemble.client(soak.t).await.unwrap(),
-                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
-    };
     let mut client = connect(soak.clone()).await;
     soak.clients.lock().unwrap()[w] = Some(client.clone());
     let mut mutex = InterProcessMutex::builder(client.clone(), &soak.path).loss_policy(policy).build().unwrap();
@@ -351,8 +412,12 @@ async fn soak() {
     admin.mkdir(&counter, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
     admin.set_data(&counter, b"0", None).await.unwrap();
     drop(admin);
+    let election = unique_path("soak-election");
     let soak = Arc::new(Soak {
         ensemble,
+        leaderships: History::new(&election),
+        election,
+        latch_clients: Mutex::new(vec![None; LATCHES]),
         history: History::new(&path),
         path,
         counter,
@@ -367,7 +432,8 @@ async fn soak() {
     });
     let started = Instant::now();
     let until = started + duration;
-    let workers: Vec<_> = (0..SESSIONS).map(|w| tokio::spawn(worker(soak.clone(), w))).collect();
+    let mut workers: Vec<_> = (0..SESSIONS).map(|w| tokio::spawn(worker(soak.clone(), w))).collect();
+    workers.extend((0..LATCHES).map(|w| tokio::spawn(latch_worker(soak.clone(), w))));
     let faults = faults(soak.clone(), until).await;
     tokio::time::sleep_until(until).await;
     soak.stop.store(true, Ordering::SeqCst);
@@ -380,28 +446,38 @@ async fn soak() {
     admin.sync(&soak.counter).await.unwrap();
     let value: u64 = String::from_utf8_lossy(&admin.get_data(&soak.counter).await.unwrap().0).parse().unwrap();
     let summary = soak.history.check(Some(value));
+    // One leader at a time (or the earlier one told first), tokens growing.
+    let elections = soak.leaderships.check(None);
     // No node left, while every worker's session is still open (the README: cleanup retries until
     // the node is gone or the session is dead; T for the retries after the ensemble healed).
     let open: Vec<zk::Client> = soak.clients.lock().unwrap().iter().flatten().cloned().collect();
     assert_eq!(open.len(), SESSIONS);
     assert_no_nodes_left_while_open(&admin, &soak.path, &open, t).await;
+    let latch_sessions: Vec<zk::Client> = soak.latch_clients.lock().unwrap().iter().flatten().cloned().collect();
+    assert_eq!(latch_sessions.len(), LATCHES);
+    assert_no_nodes_left_while_open(&admin, &soak.election, &latch_sessions, t).await;
     let hits = soak.hits.load(Ordering::Relaxed);
     let max_wait = Duration::from_millis(soak.max_wait_ms.load(Ordering::Relaxed));
     // Straight to stderr, past the test harness's capture: the summary shows in CI's log too.
     let _ = writeln!(
         std::io::stderr(),
         "soak: {:?} with {SESSIONS} sessions: {} grants, {} fenced writes (counter {value}), losses {:?} ({} told, \
-         not revoked), faults {:?} ({hits} hit a holder), errors {:?}, max wait {max_wait:?}",
+         not revoked), {LATCHES} latches: {} leaderships, losses {:?}; faults {:?} ({hits} hit a holder), errors \
+         {:?}, max wait {max_wait:?}",
         started.elapsed(),
         summary.grants,
         summary.fenced_writes,
         summary.losses,
         summary.told_losses,
+        elections.grants,
+        elections.losses,
         faults,
         soak.errors.lock().unwrap(),
     );
     drop(open);
+    drop(latch_sessions);
     assert!(summary.grants > 0, "nothing was granted");
+    assert!(elections.grants > 0, "no latch ever led");
     let overruns = soak.overruns.lock().unwrap().clone();
     assert!(overruns.is_empty(), "hung waiters (past patience + SCHED_SLACK, or try_acquire past 2 T):\n{overruns:#?}");
     assert!(max_wait <= MAX_PATIENCE + SCHED_SLACK, "max wait {max_wait:?} > {MAX_PATIENCE:?} + SCHED_SLACK");
