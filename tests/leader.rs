@@ -368,3 +368,44 @@ async fn selector_steps_down_requeues_and_ends_only_when_no_retry_can_fix_it() {
     owner.delete(&protected, None).await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }
+
+/// A `LeaderSelector`'s leadership lasts as long as the leader's future, also when the closure
+/// drops the guard it was given at once (`|_leadership| async { .. }`): a participant queued
+/// behind it is elected only once the future completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_leads_for_as_long_as_its_future_runs() {
+    let path = unique_path("selector-lifetime");
+    let selector = LeaderSelector::new(client().await, &path).unwrap();
+    let (began_tx, mut began) = tokio::sync::mpsc::unbounded_channel();
+    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+    let run = tokio::spawn({
+        let selector = selector.clone();
+        async move {
+            selector
+                .run(|_leadership| {
+                    // The guard is dropped right here; the future below does not hold it.
+                    let (began_tx, ended_tx) = (began_tx.clone(), ended_tx.clone());
+                    async move {
+                        let _ = began_tx.send(Instant::now());
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                        let _ = ended_tx.send(Instant::now());
+                        std::future::pending::<()>().await;
+                    }
+                })
+                .await
+        }
+    });
+    let began_at = tokio::time::timeout(Duration::from_secs(10), began.recv()).await.unwrap().unwrap();
+    assert!(selector.has_leadership(), "leading while the future runs, its guard dropped or not");
+    // A mutex on the same path (a selector is a `lock-` mutex) queues behind the leadership.
+    let other = zk_recipes::InterProcessMutex::new(client().await, &path).unwrap();
+    assert!(other.try_acquire().await.unwrap().is_none(), "taken while the leader's future runs");
+    let ended_at = tokio::time::timeout(Duration::from_secs(10), ended.recv()).await.unwrap().unwrap();
+    assert!(ended_at - began_at >= Duration::from_millis(400));
+    assert!(selector.has_leadership(), "still leading: the future has not completed");
+    run.abort();
+    let _ = run.await;
+    let granted = tokio::time::timeout(Duration::from_secs(10), other.acquire()).await.expect("granted").unwrap();
+    granted.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}

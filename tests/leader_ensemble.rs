@@ -59,7 +59,11 @@ async fn zone_partition_case(ensemble: &Ensemble, policy: LossPolicy) -> (Durati
             .await
         }
     });
-    eventually(Duration::from_secs(10), "old leads", || async { old.has_leadership() }).await;
+    eventually(Duration::from_secs(10), "old leads", || async {
+        assert!(!old_run.is_finished(), "the old leader's run ended");
+        old.has_leadership()
+    })
+    .await;
     let observer = ensemble.client_of(leader, T).await.unwrap();
     let next = LeaderSelector::builder(observer.clone(), &path).id("next").loss_policy(policy).build().unwrap();
     let started = Arc::new(Mutex::new(None));

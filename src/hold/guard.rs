@@ -78,6 +78,12 @@ impl LockGuard {
         Ok(holds.reenter(hold)?.then(|| LockGuard { holds: holds.clone(), hold: hold.clone(), released: false }))
     }
 
+    /// Another guard of this hold (as a re-entrant acquire would get), keeping it held until
+    /// both are released; `None` if the hold is lost or its last guard is gone.
+    pub(crate) fn another(&self) -> Option<LockGuard> {
+        LockGuard::reentered(&self.holds, &self.hold).ok().flatten()
+    }
+
     /// Full path of our lock node, e.g. `/locks/orders/_c_<uuid>-lock-0000000007`.
     pub fn lock_path(&self) -> &str {
         &self.hold.node.path

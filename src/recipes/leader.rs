@@ -263,9 +263,10 @@ impl LeaderSelector {
     }
 
     /// Leads whenever elected, for ever: waits for leadership, runs `lead(leadership)`, steps
-    /// down when its future completes (the leadership is released when its last guard goes —
-    /// normally the one the closure was given), and queues again. The future is dropped at once
-    /// when the leadership is lost, and the selector queues again too.
+    /// down when its future completes, and queues again. The leadership lasts exactly as long as
+    /// that future (a guard the closure keeps beyond it keeps it longer; one it drops early does
+    /// not end it). The future is dropped at once when the leadership is lost, and the selector
+    /// queues again too.
     ///
     /// Never returns by itself: drop the future to leave the election (cancel safe — a queued
     /// node is deleted in the background, a leadership held by the dropped closure is released).
@@ -292,6 +293,9 @@ impl LeaderSelector {
                 Err(err) => return Err(err),
             };
             let signal = leadership.loss_signal();
+            // The leadership lasts as long as the leader's future, whatever the closure does with
+            // its guard (`|_leadership| async { .. }` drops it at once).
+            let kept = leadership.another();
             let (node, token) = (leadership.lock_path().to_owned(), leadership.fencing_token());
             info!(election = self.path(), node, fencing_token = %token, "leadership taken");
             let leading = lead(leadership);
@@ -303,6 +307,7 @@ impl LeaderSelector {
                 },
                 () = leading => info!(election = self.path(), node, "stepped down"),
             }
+            drop(kept);
         }
     }
 
