@@ -213,6 +213,12 @@ async fn leader_killed_then_majority_lost_and_back_one_leader() {
     eventually(Duration::from_secs(10), "one leads", || async { leading() == 1 }).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(leading(), 1, "exactly one leader");
+    // Every selector back in the queue (one may still be in its retry pause, or a lost node's
+    // delete pending).
+    eventually(Duration::from_secs(10), "all three in the election", || async {
+        selectors[0].participants().await.is_ok_and(|p| p.len() == 3)
+    })
+    .await;
     let participants = selectors[0].participants().await.unwrap();
     assert_eq!(participants.len(), 3, "{participants:?}");
     assert_eq!(participants.iter().filter(|p| p.is_holder).count(), 1);

@@ -118,6 +118,7 @@ async fn curator_selector_and_ours_elect_one_leader() {
     let selector = LeaderSelector::builder(ours_client.clone(), &path).id("rust-b").build().unwrap();
     let (elected_tx, mut elected) = tokio::sync::mpsc::unbounded_channel();
     let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let first_time = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let run = tokio::spawn({
         let (selector, client, markers, stop) = (selector.clone(), ours_client.clone(), markers.clone(), stop.clone());
         async move {
@@ -125,14 +126,18 @@ async fn curator_selector_and_ours_elect_one_leader() {
                 .run(|leadership| {
                     let (client, markers, stop, elected_tx) =
                         (client.clone(), markers.clone(), stop.clone(), elected_tx.clone());
+                    let first = first_time.swap(false, std::sync::atomic::Ordering::SeqCst);
                     async move {
+                        if !first {
+                            // Elected again (queued behind Curator's second) once the test is
+                            // done with the election: lead until aborted.
+                            return std::future::pending::<()>().await;
+                        }
                         lead(&client, &markers).await;
                         let _ = elected_tx.send(leadership.fencing_token());
                         stop.notified().await;
                         step_down(&client, &markers).await;
-                        drop(leadership);
-                        // Stay out of the election until the test is done with it.
-                        std::future::pending::<()>().await;
+                        // The future ends: the selector steps down and queues again.
                     }
                 })
                 .await

@@ -156,11 +156,14 @@ impl Hold {
     /// Ends the hold: no longer tracked as a hold, and its node's delete sent (before this
     /// returns, so whatever the caller sends next on the session is ordered after it).
     fn end(&self) -> Option<JoinHandle<Result<()>>> {
+        // Whether it ended lost (re-evaluated now: the monitor may not have told it yet).
+        #[cfg(feature = "metrics")]
+        let lost = matches!(self.state(), LockState::Lost(_));
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
         self.context.session.release(&self.feed);
         #[cfg(feature = "metrics")]
-        metrics::hold_ended(self.recipe, self.granted.elapsed(), matches!(self.feed.current(), LockState::Lost(_)));
+        metrics::hold_ended(self.recipe, self.granted.elapsed(), lost);
         let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
         self.node.delete(&self.context.cleanup)
     }

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::engine::driver::StandardDriver;
 use crate::engine::naming::{Queue, MUTEX_LOCK_NAME};
-use crate::error::{Error, Result};
+use crate::error::{transient, Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::holds::Holds;
 use crate::metrics::{LEADER_LATCH, LEADER_SELECTOR};
@@ -137,7 +137,12 @@ impl LeaderLatch {
     /// # Errors
     /// As [`InterProcessMutex::acquire`].
     pub async fn acquire(&self) -> Result<LockGuard> {
-        self.lock.acquire().await
+        self.lock.acquire().await.inspect(|leadership| self.elected(leadership))
+    }
+
+    /// The tracing event of a leadership taken.
+    fn elected(&self, leadership: &LockGuard) {
+        info!(election = self.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
     }
 
     /// Leads if nobody else leads or waits ahead right now; `Ok(None)` otherwise (and while the
@@ -146,7 +151,7 @@ impl LeaderLatch {
     /// # Errors
     /// As [`InterProcessMutex::try_acquire`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.lock.try_acquire().await
+        self.lock.try_acquire().await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
     }
 
     /// Waits at most `timeout` for leadership; `Ok(None)` if not elected in time (the election
@@ -155,7 +160,7 @@ impl LeaderLatch {
     /// # Errors
     /// As [`InterProcessMutex::acquire_timeout`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.lock.acquire_timeout(timeout).await
+        self.lock.acquire_timeout(timeout).await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
     }
 
     /// Whether this process leads through this latch (or a clone) right now: a leadership guard
@@ -272,11 +277,15 @@ impl LeaderSelector {
     /// node is deleted in the background, a leadership held by the dropped closure is released).
     /// Errors a retry may fix (a failed request) are logged and retried after a pause.
     ///
+    /// A closure whose future completes at once steps down at once: the selector queues again
+    /// right away (two requests a turn), as Curator's does.
+    ///
     /// # Errors
-    /// Only what no retry can fix: [`Error::InvalidPath`], [`Error::ChrootMissing`],
-    /// [`Error::EphemeralParent`], [`Error::NoAuth`], [`Error::TooLarge`], [`Error::Runtime`],
-    /// [`Error::Closed`], and [`Error::SessionLost`] when the client will have no new session (a
-    /// plain client's expired session, a managed client that gave up).
+    /// Only what no retry can fix: [`Error::ChrootMissing`], [`Error::EphemeralParent`],
+    /// [`Error::NoAuth`], [`Error::Runtime`], [`Error::Closed`], [`Error::ZooKeeper`] for a
+    /// request the server refused (an invalid ACL, say), and [`Error::SessionLost`] when the client
+    /// will have no new session (a plain client's expired session, a managed client that gave
+    /// up). Failed requests whose outcome is unknown, and throttling, are retried.
     pub async fn run<F, Fut>(&self, mut lead: F) -> Result<Infallible>
     where
         F: FnMut(LockGuard) -> Fut,
@@ -338,7 +347,13 @@ async fn leader_of(lock: &InterProcessMutex) -> Result<Option<Participant>> {
     Ok(lock.participants().await?.into_iter().find(|participant| participant.is_holder))
 }
 
-/// Whether an acquire that failed with `err` may succeed if tried again.
+/// Whether an acquire that failed with `err` may succeed if tried again: a request whose outcome
+/// is unknown or that the server throttled, or our node deleted under us again and again — not a
+/// refusal (an invalid ACL, bad arguments), which would fail the same way for ever.
 fn retry_may_fix(err: &Error) -> bool {
-    matches!(err, Error::ZooKeeper { .. } | Error::LockNodeDeleted { .. } | Error::LockLost { .. })
+    match err {
+        Error::ZooKeeper { source, .. } => transient(source),
+        Error::LockNodeDeleted { .. } => true,
+        _ => false,
+    }
 }

@@ -373,7 +373,7 @@ async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals
             return Err(Failure::from_lock(err));
         },
     };
-    supervise(&args.connection, &args.job, guard, signals).await
+    supervise(&args.connection, &args.job, guard, signals).await.map(run_status)
 }
 
 fn warn_kill_after(connection: &Connection, job: &JobArgs) {
@@ -419,21 +419,25 @@ async fn lead(args: &LeaderArgs, zk: &ManagedClient, signals: &mut Signals) -> R
             },
         };
         eprintln!("zklock: leading {path} (fencing token {}); starting the command", leadership.fencing_token());
-        signals.forwarded = false;
-        let code = match supervise(&args.connection, &args.job, leadership, signals).await {
-            Ok(code) => code,
-            // Lost between the election and the start: the command was not started.
-            Err(failure) if failure.code == exit::LOST => exit::LOST,
+        signals.stop_requested = false;
+        let ended = match supervise(&args.connection, &args.job, leadership, signals).await {
+            Ok(ended) => ended,
+            Err(failure) if failure.code == exit::LOST => {
+                eprintln!("zklock: {}; joining the election again", failure.message);
+                continue;
+            },
             Err(failure) => return Err(failure),
         };
-        if signals.forwarded {
-            // Stopped from outside (systemd, Ctrl-C): leave with the command's status.
-            return Ok(code);
-        }
-        if code == exit::LOST {
-            eprintln!("zklock: leadership of {path} lost; the command was stopped; joining the election again");
-            continue;
-        }
+        let code = match ended {
+            // Asked to stop (systemd, Ctrl-C): leave, with the command's status.
+            Ended::Exited(code) | Ended::Signalled(code) if signals.stop_requested => return Ok(code),
+            Ended::Lost if signals.stop_requested => return Ok(exit::LOST),
+            Ended::Lost => {
+                eprintln!("zklock: leadership of {path} lost; the command was stopped; joining the election again");
+                continue;
+            },
+            Ended::Exited(code) | Ended::Signalled(code) => code,
+        };
         eprintln!(
             "zklock: the command exited ({code}) while leading {path}; stepped down, joining the election again in {:?}",
             args.restart_delay
@@ -484,8 +488,9 @@ struct Signals {
     /// Caught so that Ctrl-Z cannot stop zklock (its session would expire while the command, in
     /// a group of its own, runs on); ignored.
     stop: tokio::signal::unix::Signal,
-    /// Whether a signal was forwarded to the command (since last reset).
-    forwarded: bool,
+    /// Whether SIGINT, SIGTERM or SIGQUIT arrived (since last reset): asked to stop (SIGHUP is
+    /// only forwarded).
+    stop_requested: bool,
 }
 
 impl Signals {
@@ -497,21 +502,23 @@ impl Signals {
             hangup: install(SignalKind::hangup())?,
             quit: install(SignalKind::quit())?,
             stop: install(SignalKind::from_raw(libc::SIGTSTP))?,
-            forwarded: false,
+            stop_requested: false,
         })
     }
 
     /// The next signal to act on (SIGTSTP is swallowed here).
     async fn recv(&mut self) -> i32 {
-        loop {
+        let signal = loop {
             tokio::select! {
-                _ = self.interrupt.recv() => return libc::SIGINT,
-                _ = self.terminate.recv() => return libc::SIGTERM,
-                _ = self.hangup.recv() => return libc::SIGHUP,
-                _ = self.quit.recv() => return libc::SIGQUIT,
+                _ = self.interrupt.recv() => break libc::SIGINT,
+                _ = self.terminate.recv() => break libc::SIGTERM,
+                _ = self.hangup.recv() => break libc::SIGHUP,
+                _ = self.quit.recv() => break libc::SIGQUIT,
                 _ = self.stop.recv() => eprintln!("zklock: ignoring SIGTSTP: a lock holder cannot be suspended"),
             }
-        }
+        };
+        self.stop_requested |= signal != libc::SIGHUP;
+        signal
     }
 
     /// A signal that already arrived, if any (no wait).
@@ -535,19 +542,37 @@ async fn release(guard: LockGuard, connection: &Connection) {
     }
 }
 
+/// How a supervised command ended.
+enum Ended {
+    /// It exited with this status (what a shell would report) and the lock was released.
+    Exited(u8),
+    /// The lock was lost while it ran: it and everything it started were stopped.
+    Lost,
+    /// A signal (N) had arrived when the lock was granted: the command was not started (128+N).
+    Signalled(u8),
+}
+
+/// The exit status of `run` for how the command ended.
+fn run_status(ended: Ended) -> u8 {
+    match ended {
+        Ended::Exited(status) | Ended::Signalled(status) => status,
+        Ended::Lost => exit::LOST,
+    }
+}
+
 /// Runs the command under the lock: step 4 and 5.
 async fn supervise(
     connection: &Connection,
     job: &JobArgs,
     guard: LockGuard,
     signals: &mut Signals,
-) -> Result<u8, Failure> {
+) -> Result<Ended, Failure> {
     let (program, rest) = job.command.split_first().ok_or_else(|| Failure::new(exit::USAGE, "no command given"))?;
     // A signal that arrived while the lock was being granted, or a hold already lost: the
     // command is not started.
     if let Some(signal) = signals.pending().await {
         release(guard, connection).await;
-        return Ok(128 + signal as u8);
+        return Ok(Ended::Signalled(128 + signal as u8));
     }
     if let zk_recipes::LockState::Lost(reason) = guard.state() {
         return Err(Failure::new(
@@ -621,10 +646,7 @@ async fn supervise(
             // The supervisor's exit first: one that ended as the loss arrived ran under the lock.
             biased;
             status = child.wait() => break status,
-            signal = signals.recv() => {
-                signals.forwarded = true;
-                send([supervisor::FORWARD, signal as u8]);
-            },
+            signal = signals.recv() => send([supervisor::FORWARD, signal as u8]),
             reason = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
@@ -648,11 +670,11 @@ async fn supervise(
     if lost {
         // The supervisor exited: nothing the command started is left.
         drop(guard);
-        return Ok(exit::LOST);
+        return Ok(Ended::Lost);
     }
     // Confirmed by ZooKeeper before we exit (bounded), so the next waiter is not held up by us.
     release(guard, connection).await;
-    Ok(exit_status(status))
+    Ok(Ended::Exited(exit_status(status)))
 }
 
 /// The status a shell would report for the command.

@@ -754,7 +754,12 @@ async fn leader_runs_one_active_instance() {
     let server = zookeeper().await;
     let t = Duration::from_secs(4);
     let path = unique_path("leader");
-    let script = "echo leading $ZKLOCK_FENCING_TOKEN; trap 'echo term; exit 0' TERM; sleep 300 & wait";
+    // Each line carries the instant the command printed it (`date +%s%N`): the order of the two
+    // commands' actions is read from those, not from when the test happened to read the lines.
+    // (The trap ignores further TERMs: the supervisor signals the group and each process in it,
+    // and a second TERM during the `date` would run the trap twice.)
+    let script =
+        "echo leading $ZKLOCK_FENCING_TOKEN $(date +%s%N); trap 'trap \"\" TERM; echo term $(date +%s%N); exit 0' TERM; sleep 300 & wait";
     let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
     let session_timeout = format!("{}s", t.as_secs());
     let spawn = |connect: String, id: &'static str| {
@@ -781,11 +786,16 @@ async fn leader_runs_one_active_instance() {
             .unwrap()
         }
     };
-    let token = |line: &str| -> i64 { line.strip_prefix("leading ").and_then(|t| t.parse().ok()).expect(line) };
+    // `leading <token> <ns>` → (token, ns); `term <ns>` → ns.
+    let leading = |line: &str| -> (i64, u128) {
+        let mut words = line.strip_prefix("leading ").expect(line).split(' ');
+        (words.next().and_then(|t| t.parse().ok()).expect(line), words.next().and_then(|t| t.parse().ok()).expect(line))
+    };
+    let term = |line: &str| -> u128 { line.strip_prefix("term ").and_then(|t| t.parse().ok()).expect(line) };
     let mut a = spawn(proxy.addr(), "a").await;
     let mut a_lines = BufReader::new(a.stdout.take().unwrap()).lines();
     let (line, _) = next_line(&mut a_lines, "a").await;
-    let first = token(&line);
+    let (first, _) = leading(&line);
     let mut b = spawn(server.connect_string().to_owned(), "b").await;
     let mut b_lines = BufReader::new(b.stdout.take().unwrap()).lines();
     wait_for_queue(&path, 2).await;
@@ -793,22 +803,23 @@ async fn leader_runs_one_active_instance() {
     assert_eq!(listed["participants"][0]["data"], "a", "{listed}");
     assert_eq!(listed["participants"][0]["holder"], true, "{listed}");
 
+    let stalled_at = epoch_nanos();
     proxy.stall();
-    let stalled_at = Instant::now();
-    let (line, stopped_at) = next_line(&mut a_lines, "a").await;
-    assert_eq!(line, "term");
-    let (line, b_started_at) = next_line(&mut b_lines, "b").await;
-    let second = token(&line);
+    let (line, _) = next_line(&mut a_lines, "a").await;
+    let stopped_at = term(&line);
+    let (line, _) = next_line(&mut b_lines, "b").await;
+    let (second, b_started_at) = leading(&line);
+    let since_stall = |ns: u128| Duration::from_nanos(ns.saturating_sub(stalled_at) as u64);
     eprintln!(
         "leader stalled: its command stopped after {:?}, the other's started after {:?}",
-        stopped_at - stalled_at,
-        b_started_at - stalled_at
+        since_stall(stopped_at),
+        since_stall(b_started_at)
     );
     assert!(stopped_at < b_started_at, "the stalled leader's command ran on after the other's started");
     assert!(
-        stopped_at - stalled_at <= t * 2 / 5 + SCHED_SLACK,
+        since_stall(stopped_at) <= t * 2 / 5 + SCHED_SLACK,
         "stopped {:?} after the stall",
-        stopped_at - stalled_at
+        since_stall(stopped_at)
     );
     assert!(second > first, "fencing tokens grow: {first} then {second}");
 
@@ -818,15 +829,15 @@ async fn leader_runs_one_active_instance() {
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(b.id().unwrap() as libc::pid_t, libc::SIGTERM) };
     let (line, _) = next_line(&mut b_lines, "b").await;
-    assert_eq!(line, "term");
+    term(&line);
     let status_b = tokio::time::timeout(Duration::from_secs(20), b.wait()).await.expect("b exits").unwrap();
     assert_eq!(status_b.code(), Some(0), "b exits with its command's status");
     let (line, _) = next_line(&mut a_lines, "a").await;
-    let third = token(&line);
+    let (third, _) = leading(&line);
     assert!(third > second, "fencing tokens grow: {second} then {third}");
     unsafe { libc::kill(a.id().unwrap() as libc::pid_t, libc::SIGTERM) };
     let (line, _) = next_line(&mut a_lines, "a").await;
-    assert_eq!(line, "term");
+    term(&line);
     let status_a = tokio::time::timeout(Duration::from_secs(20), a.wait()).await.expect("a exits").unwrap();
     assert_eq!(status_a.code(), Some(0));
     wait_for_queue(&path, 0).await;
@@ -838,18 +849,22 @@ async fn leader_runs_one_active_instance() {
 async fn leader_restarts_a_command_that_exits() {
     let path = unique_path("leader-restart");
     let delay = Duration::from_secs(2);
-    let mut child = zklock(&["leader", "--restart-delay", "2s", &path, "--", "sh", "-c", "echo run; exit 3"])
-        .await
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child =
+        zklock(&["leader", "--restart-delay", "2s", &path, "--", "sh", "-c", "echo run $(date +%s%N); exit 3"])
+            .await
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (line, first) = next_line(&mut lines, "zklock leader").await;
-    assert_eq!(line, "run");
-    let (line, second) = next_line(&mut lines, "zklock leader").await;
-    assert_eq!(line, "run");
-    assert!(second - first >= delay, "restarted after {:?}, before --restart-delay", second - first);
+    // The instant the command printed its line (`date +%s%N`).
+    let ran = |line: &str| -> u128 { line.strip_prefix("run ").and_then(|t| t.parse().ok()).expect(line) };
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    let first = ran(&line);
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    let second = ran(&line);
+    let gap = Duration::from_nanos((second - first) as u64);
+    assert!(gap >= delay, "restarted after {gap:?}, before --restart-delay");
     // The command has exited (it exits right after its line); zklock is in its restart delay.
     tokio::time::sleep(delay / 2).await;
     // SAFETY: kill(2) on our child.
