@@ -307,23 +307,38 @@ fn default_node_data() -> String {
 }
 
 async fn run(args: RunArgs) -> Result<u8, Failure> {
-    zk_recipes::validate_lock_path(&args.job.lock_path).map_err(Failure::from_lock)?;
-    auth(&args.connection)?;
-    let mut signals = Signals::install()?;
-
-    let zk = tokio::select! {
-        zk = connect(&args.connection) => zk?,
-        signal = signals.recv() => return Ok(128 + signal as u8),
+    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path).await? {
+        Ok(opened) => opened,
+        Err(code) => return Ok(code),
     };
     let outcome = run_connected(&args, &zk, &mut signals).await;
-    // Nothing of our session stays behind: anything left is deleted at once, not a session
-    // timeout after we exit. Not after a lost lock: the session is in trouble then (its nodes go
-    // with it), and the exit must not wait for it. Bounded: the server may be unreachable.
+    close(&zk, &args.connection, &outcome).await;
+    outcome
+}
+
+/// Steps 1 and 2: validates the path and the credentials, installs the signal handlers and
+/// connects; a signal while connecting ends zklock (`Err(128 + N)` inside).
+async fn open(
+    connection: &Connection,
+    path: &str,
+) -> Result<std::result::Result<(ManagedClient, Signals), u8>, Failure> {
+    zk_recipes::validate_lock_path(path).map_err(Failure::from_lock)?;
+    auth(connection)?;
+    let mut signals = Signals::install()?;
+    tokio::select! {
+        zk = connect(connection) => Ok(Ok((zk?, signals))),
+        signal = signals.recv() => Ok(Err(128 + signal as u8)),
+    }
+}
+
+/// Nothing of our session stays behind: anything left is deleted at once, not a session timeout
+/// after we exit. Not after a lost lock: the session is in trouble then (its nodes go with it),
+/// and the exit must not wait for it. Bounded: the server may be unreachable.
+async fn close(zk: &ManagedClient, connection: &Connection, outcome: &Result<u8, Failure>) {
     if !matches!(outcome, Ok(exit::LOST)) && zk.state() != zk_recipes::ConnectionState::Suspended {
-        let bound = args.connection.connect_timeout.min(args.connection.session_timeout / 4);
+        let bound = connection.connect_timeout.min(connection.session_timeout / 4);
         let _ = tokio::time::timeout(bound, zk.close()).await;
     }
-    outcome
 }
 
 async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals) -> Result<u8, Failure> {
@@ -389,19 +404,12 @@ fn warn_kill_after(connection: &Connection, job: &JobArgs) {
 
 /// `leader`: joins the election, runs the command while leading, for ever (see its help).
 async fn leader(args: LeaderArgs) -> Result<u8, Failure> {
-    zk_recipes::validate_lock_path(&args.job.lock_path).map_err(Failure::from_lock)?;
-    auth(&args.connection)?;
-    let mut signals = Signals::install()?;
-    let zk = tokio::select! {
-        zk = connect(&args.connection) => zk?,
-        signal = signals.recv() => return Ok(128 + signal as u8),
+    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path).await? {
+        Ok(opened) => opened,
+        Err(code) => return Ok(code),
     };
     let outcome = lead(&args, &zk, &mut signals).await;
-    // As `run`: nothing of our session stays behind (bounded).
-    if zk.state() != zk_recipes::ConnectionState::Suspended {
-        let bound = args.connection.connect_timeout.min(args.connection.session_timeout / 4);
-        let _ = tokio::time::timeout(bound, zk.close()).await;
-    }
+    close(&zk, &args.connection, &outcome).await;
     outcome
 }
 
