@@ -417,3 +417,49 @@ async fn a_selector_leads_for_as_long_as_its_future_runs() {
     granted.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }
+
+/// On a `ManagedClient`, a leadership lost to a session expiry is `Lost(SessionExpired)`;
+/// `has_leadership()` is false from then on, and the latch's next `acquire` leads on the new
+/// session — with a node of that session, never one of the expired session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_new_session() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-expiry");
+    let managed =
+        ManagedClient::builder(zk.connect_string()).session_timeout(Duration::from_secs(4)).connect().await.unwrap();
+    let latch = LeaderLatch::builder(&managed, &path).id("managed").build().unwrap();
+    let leadership = latch.acquire().await.unwrap();
+    let old_session = managed.client().session_id().0;
+    let waiter = LeaderLatch::builder(client().await, &path).id("waiter").build().unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(5), "waiter queued", || async { latch.participants().await.unwrap().len() == 2 })
+        .await;
+
+    expire_session(zk.connect_string(), &managed.client()).await.expect("expire");
+    let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.expect("told");
+    assert_eq!(reason, LossReason::SessionExpired);
+    assert!(!latch.has_leadership(), "a lost leadership is not leadership");
+    let waiter_leads = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
+    assert!(waiter.has_leadership());
+    let waiter_token = waiter_leads.fencing_token();
+
+    // Rejoin: queued on the new session behind the waiter, elected when it steps down.
+    let again = tokio::spawn({
+        let latch = latch.clone();
+        async move { latch.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(10), "rejoined", || async { waiter.participants().await.unwrap().len() == 2 }).await;
+    let ours = waiter.participants().await.unwrap().into_iter().find(|p| p.id() == "managed").expect("our node");
+    assert_ne!(ours.session_id, old_session, "rejoined with a node of the expired session");
+    assert_eq!(ours.session_id, managed.client().session_id().0);
+    assert!(!latch.has_leadership());
+    waiter_leads.release().await.unwrap();
+    let leadership = tokio::time::timeout(Duration::from_secs(10), again).await.unwrap().unwrap();
+    assert!(latch.has_leadership());
+    assert!(leadership.fencing_token() > waiter_token, "fencing tokens grow");
+    drop(leadership);
+    assert_no_nodes_left(&client().await, &path).await;
+}
