@@ -156,9 +156,10 @@ impl Hold {
     /// Ends the hold: no longer tracked as a hold, and its node's delete sent (before this
     /// returns, so whatever the caller sends next on the session is ordered after it).
     fn end(&self) -> Option<JoinHandle<Result<()>>> {
-        // Whether it ended lost (re-evaluated now: the monitor may not have told it yet).
+        // Whether it ended lost (re-evaluated now: the monitor may not have told it yet; no side
+        // effects on the release path).
         #[cfg(feature = "metrics")]
-        let lost = matches!(self.state(), LockState::Lost(_));
+        let lost = matches!(self.context.session.peek(&self.feed), LockState::Lost(_));
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
         self.context.session.release(&self.feed);

@@ -635,6 +635,16 @@ impl Session {
         feed.current()
     }
 
+    /// The hold's state now, re-evaluated against the clock like [`state`](Self::state) but
+    /// without side effects: nothing is told, no watch is started (for a hold about to end).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn peek(&self, feed: &HoldFeed) -> LockState {
+        match feed.current() {
+            lost @ LockState::Lost(_) => lost,
+            _ => verdict(self.shared.class_now(&lock(&self.shared.inner), self.now()), feed.policy),
+        }
+    }
+
     /// The owner released the hold: nothing that happens to its node is a loss any more. Call
     /// before sending the node's delete.
     pub(crate) fn release(&self, feed: &HoldFeed) {
