@@ -17,13 +17,6 @@ use zk_recipes::{Error, LeaderLatch, LeaderSelector, LockState, LossReason, Mana
 use zk_testcontainers::{expire_session, FaultProxy};
 use zookeeper_client as zk;
 
-/// The latch nodes of `path`, in queue order (Curator's layout: `_c_<uuid>-latch-<seq>`).
-async fn latch_nodes(client: &zk::Client, path: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = children(client, path).await.into_iter().filter(|n| n.contains("-latch-")).collect();
-    nodes.sort_by_key(|name| name[name.len() - 10..].to_owned());
-    nodes
-}
-
 /// Eight latches on their own sessions join, lead, step down, give up waiting, are cancelled and
 /// have their sessions expired at random: at no instant do two of them believe they lead (the
 /// history checker: a leadership lasts from `acquire` returning until its holder steps down or is
@@ -137,10 +130,12 @@ async fn leadership_moves_in_queue_order() {
         let latch = latch.clone();
         waiting.push(tokio::spawn(async move { (i, latch.acquire().await.unwrap()) }));
         // Queued before the next one joins.
-        eventually(Duration::from_secs(5), "queued", || async { latch_nodes(&observer, &path).await.len() == i + 1 })
-            .await;
+        eventually(Duration::from_secs(5), "queued", || async {
+            queued_nodes(&observer, &path, "-latch-").await.len() == i + 1
+        })
+        .await;
     }
-    let nodes = latch_nodes(&observer, &path).await;
+    let nodes = queued_nodes(&observer, &path, "-latch-").await;
     assert!(nodes.iter().all(|n| n.starts_with("_c_") && n.contains("-latch-")), "Curator's layout: {nodes:?}");
     let (data, _) = observer.get_data(&format!("{path}/{}", nodes[0])).await.unwrap();
     assert_eq!(data, b"node-0", "the participant id is the node's data");
@@ -223,15 +218,6 @@ async fn a_stalled_leader_is_told_before_the_next_is_elected() {
     drop(leadership);
     new_leadership.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
-}
-
-/// Records when a leader's future was dropped.
-struct DropStamp(Arc<Mutex<Option<Instant>>>);
-
-impl Drop for DropStamp {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(Instant::now());
-    }
 }
 
 /// A `LeaderSelector` on a managed client whose connection stalls: its leader's future is

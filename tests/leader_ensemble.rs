@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::history::History;
 use common::*;
-use tokio::time::Instant;
+use std::time::Instant;
 use zk_recipes::{LeaderSelector, LossPolicy, LossSignal, ManagedClient};
 use zk_testcontainers::Ensemble;
 
@@ -23,15 +23,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const TICK: Duration = Duration::from_millis(500);
 const T: Duration = Duration::from_secs(4);
-
-/// Stamps the instant the leader's future was dropped.
-struct DropStamp(Arc<Mutex<Option<Instant>>>);
-
-impl Drop for DropStamp {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(Instant::now());
-    }
-}
 
 /// A selector on follower F leads (its future pending until dropped); another on the leader's
 /// server waits. F is cut off from its peers. The first leader's future must be dropped before

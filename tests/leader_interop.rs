@@ -33,13 +33,6 @@ async fn markers_dir(client: &zk::Client) -> String {
     markers
 }
 
-/// The election's nodes named `lock_name` (`latch-` or `lock-`), in queue order.
-async fn election_nodes(client: &zk::Client, path: &str, lock_name: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = children(client, path).await.into_iter().filter(|n| n.contains(lock_name)).collect();
-    nodes.sort_by_key(|name| name[name.len() - 10..].to_owned());
-    nodes
-}
-
 /// Ours leads, Curator's `LeaderLatch` joins and sees our id as the leader's; leadership passes
 /// to Curator when ours steps down, and back to ours (queued behind Curator's) when Curator's
 /// closes; never two leaders.
@@ -59,7 +52,7 @@ async fn curator_latch_and_ours_elect_one_leader() {
     let mut curator = Holder::curator_leader(connect, &path, "java-1", "latch", &markers);
     curator.expect("CONNECTED").await;
     eventually(Duration::from_secs(10), "Curator queued", || async {
-        election_nodes(&ours_client, &path, "-latch-").await.len() == 2
+        queued_nodes(&ours_client, &path, "-latch-").await.len() == 2
     })
     .await;
     curator.say("who").await;
@@ -81,7 +74,7 @@ async fn curator_latch_and_ours_elect_one_leader() {
         async move { second.acquire().await.unwrap() }
     });
     eventually(Duration::from_secs(10), "ours queued", || async {
-        election_nodes(&ours_client, &path, "-latch-").await.len() == 2
+        queued_nodes(&ours_client, &path, "-latch-").await.len() == 2
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -144,7 +137,7 @@ async fn curator_selector_and_ours_elect_one_leader() {
         }
     });
     eventually(Duration::from_secs(10), "ours queued", || async {
-        election_nodes(&ours_client, &path, "-lock-").await.len() == 2
+        queued_nodes(&ours_client, &path, "-lock-").await.len() == 2
     })
     .await;
     assert_eq!(selector.leader().await.unwrap().expect("a leader").id(), "java-a", "we see Curator's id");
@@ -160,7 +153,7 @@ async fn curator_selector_and_ours_elect_one_leader() {
     let mut second = Holder::curator_leader(connect, &path, "java-c", "selector", &markers);
     second.expect("CONNECTED").await;
     eventually(Duration::from_secs(10), "Curator queued", || async {
-        election_nodes(&ours_client, &path, "-lock-").await.len() == 2
+        queued_nodes(&ours_client, &path, "-lock-").await.len() == 2
     })
     .await;
     second.say("who").await;

@@ -165,6 +165,24 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+/// The lock nodes in `path` whose name contains `lock_name` (`-latch-`, `-lock-`), in queue order
+/// (by their 10-digit sequence suffix).
+pub async fn queued_nodes(client: &zk::Client, path: &str, lock_name: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = children(client, path).await.into_iter().filter(|n| n.contains(lock_name)).collect();
+    nodes.sort_by_key(|name| name[name.len().saturating_sub(10)..].to_owned());
+    nodes
+}
+
+/// Records the instant it is dropped: put in a leader's future, it says when that future was
+/// dropped (or completed).
+pub struct DropStamp(pub std::sync::Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Drop for DropStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+}
+
 pub mod history;
 pub mod interop;
 
