@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -11,6 +12,7 @@ use zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_releases_everything_and_the_next_holder_is_granted_at_once() {
+    init_tracing();
     let server = zookeeper().await;
     let t = Duration::from_secs(10);
     let admin = client().await;
@@ -47,11 +49,17 @@ async fn close_releases_everything_and_the_next_holder_is_granted_at_once() {
     let err =
         tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("the waiter ends").unwrap().unwrap_err();
     assert!(matches!(err, Error::Closed { .. }), "{err:?}");
-    // Nothing of the closed client is left, checked while its session is still open.
-    assert!(!zk.client().state().is_terminated());
+    // Nothing of the closed client is left, and its session has ended (`closeSession`, confirmed
+    // by the server before close() returned): the client learns it on its next connection.
     assert_eq!(admin.check_stat(&own).await.unwrap(), None, "its own ephemeral node is gone too");
     assert_eq!(children(&admin, &queued_path).await.len(), 1, "its queued node is gone");
-    assert!(zk.client().list_ephemerals("/").await.unwrap().is_empty());
+    let session = zk.client();
+    // (A request on its old connection finds the session gone; the client then learns it.)
+    eventually(Duration::from_secs(10), "the closed client's session ended", || async {
+        let _ = session.sync("/").await;
+        session.state().is_terminated()
+    })
+    .await;
     assert_eq!(zk.state(), ConnectionState::Closed);
     assert_eq!(states.changed().await, Some(ConnectionState::Closed));
     let err = InterProcessMutex::new(&zk, &held_path).unwrap().try_acquire().await.unwrap_err();
@@ -62,4 +70,34 @@ async fn close_releases_everything_and_the_next_holder_is_granted_at_once() {
     other_holder.release().await.unwrap();
     assert_no_nodes_left(&admin, &held_path).await;
     assert_no_nodes_left(&admin, &queued_path).await;
+}
+
+/// Concurrent `close()` calls all return after the work is done: a second `close()` while the
+/// first has only begun (polled once, then left alone by its caller) does not return before the
+/// nodes are deleted; and the work runs to its end even when the first `close()` is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_close_returns_after_the_work_is_done() {
+    let server = zookeeper().await;
+    let admin = client().await;
+    let zk = ManagedClient::builder(server.connect_string())
+        .session_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let path = unique_path("close-concurrent");
+    let held = InterProcessMutex::new(&zk, &path).unwrap().acquire().await.unwrap();
+    let node = held.lock_path().to_owned();
+    // The first close is polled once (the client is closed, its work begun) and then dropped.
+    let mut first = Box::pin(zk.close());
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(first.as_mut().poll(cx).is_ready())).await;
+    drop(first);
+    if !polled {
+        // The second close returns only once the work is done: the node is gone by then.
+        zk.close().await.expect("the second close returns the outcome of the work");
+    }
+    assert_eq!(admin.check_stat(&node).await.unwrap(), None, "a close returned before the node was deleted");
+    assert_eq!(held.state(), LockState::Lost(LossReason::SessionClosed));
+    zk.close().await.expect("a close after the work returns its outcome");
+    drop(held);
+    assert_no_nodes_left(&admin, &path).await;
 }

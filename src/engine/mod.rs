@@ -175,17 +175,30 @@ impl LockInternals {
                 return Err(closed());
             }
             let on_session = OnSession { lock: self, context: &context };
-            // A close cancels the attempt: its node is deleted in the background, as on any drop.
+            // A close cancels the attempt: its node is deleted in the background, as on any drop
+            // (and by the close, which lists every node the attempt could have created: see
+            // `SessionContext::through_gate`). Checked first: an attempt that could go on is not
+            // polled again once the client is closed.
             let attempt = tokio::select! {
+                biased;
+                () = context.closed() => return Err(closed()),
                 result = async {
                     match wait {
                         Wait::Forever => on_session.attempt(driver, wait).await,
                         Wait::No => on_session.attempt_while_connected(driver).await,
                     }
                 } => result,
-                () = context.closed() => return Err(closed()),
             };
             let result = match attempt {
+                // Granted while the client was being closed (tracked before the close told its
+                // holds `Lost(SessionClosed)`; nothing is tracked after): not returned. The close
+                // deletes the node — it listed it — and so does the cleanup, should the close be
+                // cancelled.
+                Ok(Some(grant)) if context.is_closed() => {
+                    grant.context.session.release(&grant.feed);
+                    let _ = grant.node.delete(&grant.context.cleanup);
+                    return Err(closed());
+                },
                 // Granted from replies that arrived just before the session ended: the node is
                 // gone (or goes when the server times the session out), so is the lock.
                 Ok(Some(grant)) if context.client().state().is_terminated() => {
@@ -370,18 +383,28 @@ impl OnSession<'_> {
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
             let sent = self.context.session.now();
-            let create: CreateFuture<'_> = match missing.take() {
-                None => {
-                    let create = client.create(prefix, &self.lock.node_data, &options);
-                    Box::pin(async move {
-                        create
-                            .await
-                            .map(|(stat, sequence)| (stat, format!("{prefix}{sequence}"), sequence.into_i64()))
-                            .map_err(CreateError::Node)
-                    })
-                },
-                Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options)?,
-            };
+            // Through the close gate: sent before a `close()` lists the session's nodes, or not
+            // at all.
+            let levels = missing.take();
+            let create: CreateFuture<'_> = self
+                .context
+                .through_gate(|| match levels {
+                    None => {
+                        let create = client.create(prefix, &self.lock.node_data, &options);
+                        Ok(Box::pin(async move {
+                            create
+                                .await
+                                .map(|(stat, sequence)| (stat, format!("{prefix}{sequence}"), sequence.into_i64()))
+                                .map_err(CreateError::Node)
+                        }) as CreateFuture<'_>)
+                    },
+                    Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options),
+                })
+                .map_err(|_| {
+                    // Nothing was sent by this create (an earlier one of the attempt is looked
+                    // for by the pending node, and listed by the close).
+                    Error::Closed { path: self.lock.dir.clone() }
+                })??;
             let listing = listing::after_sent_requests(client, &self.lock.dir, driver.queue());
             match create.await {
                 Ok((stat, path, sequence)) => {

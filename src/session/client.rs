@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use zookeeper_client as zk;
 
 use crate::error::{Error, Result};
@@ -32,6 +32,21 @@ use crate::session::acl::AclList;
 use crate::session::cleanup::{retry_unknown, Cleanup};
 use crate::session::monitor::{check_runtime, Session};
 use crate::sync::lock;
+
+/// [`SessionContext::through_gate`] on a managed client's flag (`None`: a plain client).
+fn through_gate<T>(closed: Option<&watch::Receiver<bool>>, send: impl FnOnce() -> T) -> std::result::Result<T, Closed> {
+    let Some(closed) = closed else { return Ok(send()) };
+    // Held while `send` runs: `close()`'s write of the flag waits for it.
+    let closed = closed.borrow();
+    if *closed {
+        return Err(Closed);
+    }
+    Ok(send())
+}
+
+/// The managed client was closed: the create was not sent (see [`SessionContext::through_gate`]).
+#[derive(Debug)]
+pub(crate) struct Closed;
 
 /// One ZooKeeper session as recipes use it: its monitor, and the cleanup that deletes our unwanted
 /// nodes through the recipe's client (with its chroot).
@@ -62,6 +77,20 @@ impl SessionContext {
     /// Whether the managed client this session belongs to was closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.as_ref().is_some_and(|closed| *closed.borrow())
+    }
+
+    /// Sends a create of a node of the session through the *close gate*: `send` runs unless the
+    /// managed client is closed, and must only make requests (`zookeeper-client` queues a request
+    /// on the session when it is made, before its future is polled), never wait.
+    ///
+    /// The gate: `send` runs while this holds a read of the "closed" flag, and
+    /// [`ManagedClient::close`] sets the flag with a write, which waits for every read in
+    /// progress. So each create either saw the flag set and was not sent, or was queued before
+    /// `close()` set it — and so before `close()`'s `getEphemerals`, which the server answers
+    /// after it (one session's requests are answered in order): every node an acquire creates is
+    /// in that listing, or was never created.
+    pub(crate) fn through_gate<T>(&self, send: impl FnOnce() -> T) -> std::result::Result<T, Closed> {
+        through_gate(self.closed.as_ref(), send)
     }
 
     /// Resolves once the managed client is closed (never for a plain client). Cancel safe.
@@ -250,8 +279,10 @@ struct Managed {
     state: Mutex<ConnectionState>,
     states: broadcast::Sender<ConnectionState>,
     supervisor: Mutex<Option<tokio::task::AbortHandle>>,
-    /// Set by [`ManagedClient::close`].
+    /// Set by [`ManagedClient::close`]; also the close gate (`SessionContext::through_gate`).
     closed: watch::Sender<bool>,
+    /// The outcome of [`ManagedClient::close`]'s work, once done.
+    close_outcome: watch::Sender<Option<Result<()>>>,
 }
 
 impl Drop for Managed {
@@ -398,6 +429,7 @@ impl ManagedClientBuilder {
             states,
             supervisor: Mutex::new(None),
             closed,
+            close_outcome: watch::Sender::new(None),
         });
         let supervisor = tokio::spawn(supervise(Arc::downgrade(&inner), client));
         *lock(&inner.supervisor) = Some(supervisor.abort_handle());
@@ -457,6 +489,47 @@ async fn delete_ephemerals(client: &zk::Client) -> Result<()> {
                 Err(err) => return Err(failed(err)),
             }
         }
+    }
+}
+
+/// Ends `client`'s session with a `closeSession` the server confirms, within `timeout` (logged,
+/// not failed, if it cannot: the session then ends when the server expires it).
+///
+/// `zookeeper-client` sends `closeSession` only when the last `Client` of a session is dropped, and
+/// recipes, guards and the application keep clones. So a second connection attaches to the session
+/// (its id and password) and is dropped at once: that sends `closeSession`, and its state turns
+/// `Closed` once the server answered (committed) it. The server closes the first connection — at
+/// the attach if it is the same server, at the commit otherwise — and the first client learns on
+/// reconnecting that the session is gone.
+async fn end_session(connector: &zk::Connector, hosts: &str, client: &zk::Client, timeout: Duration) {
+    let session = format!("{:#x}", client.session_id().0);
+    let attach = connector.clone().with_session(client.session().clone()).connect(hosts);
+    let closer = match tokio::time::timeout(timeout, attach).await {
+        Ok(Ok(closer)) => closer,
+        // Expired meanwhile: ended already.
+        Ok(Err(zk::Error::SessionExpired)) => return,
+        Ok(Err(err)) => {
+            warn!(%session, %err, "close: could not attach to the session to end it; the server expires it");
+            return;
+        },
+        Err(_) => {
+            warn!(%session, "close: could not attach to the session to end it in time; the server expires it");
+            return;
+        },
+    };
+    let mut states = closer.state_watcher();
+    drop(closer);
+    let ended = tokio::time::timeout(timeout, async {
+        let mut state = states.state();
+        while !state.is_terminated() {
+            state = states.changed().await;
+        }
+        state
+    })
+    .await;
+    match ended {
+        Ok(state) => debug!(%session, %state, "close: session ended"),
+        Err(_) => warn!(%session, "close: closeSession not confirmed in time; the server expires the session"),
     }
 }
 
@@ -547,51 +620,58 @@ impl ManagedClient {
         lock(&self.inner.current).clone()
     }
 
-    /// Closes the managed client (Curator's `close()`, kazoo's `stop()`): every acquire in flight
-    /// fails with [`Error::Closed`] (its queued node is deleted), every hold is told
-    /// [`LossReason::SessionClosed`](crate::LossReason::SessionClosed), every ephemeral node of
-    /// the session — lock nodes and any of your own — is deleted and the deletion confirmed with
-    /// the server (`getEphemerals`), so the next acquirer on another client is granted at once
-    /// rather than after the session timeout. No new session is established; later acquires fail
-    /// with [`Error::Closed`]; [`state`](Self::state) is [`ConnectionState::Closed`]. Idempotent.
+    /// Closes the managed client (Curator's `close()`, kazoo's `stop()`) and ends its session.
     ///
-    /// The ZooKeeper session itself ends (`closeSession`) when the last `zookeeper_client::Client`
-    /// of it is dropped — the managed client's, its recipes', its guards' and any
-    /// [`client`](Self::client) copy you kept: `zookeeper-client` closes a session only then.
-    /// Nothing of it stays in ZooKeeper meanwhile.
+    /// - Every acquire in flight either returned before the close began listing the session's
+    ///   nodes — its hold is then told [`LossReason::SessionClosed`](crate::LossReason::SessionClosed)
+    ///   before its node is deleted — or fails with [`Error::Closed`] without sending a create
+    ///   (a node it created earlier is deleted with the others). Nothing is granted or tracked
+    ///   once the close has begun.
+    /// - Every hold is told `Lost(SessionClosed)`; then every ephemeral node of the session — lock
+    ///   nodes and any of your own — is deleted and the deletion confirmed with the server
+    ///   (`getEphemerals`), so the next acquirer on another client is granted at once rather than
+    ///   after the session timeout.
+    /// - Then the session ends with a `closeSession`, confirmed by the server: should any node of
+    ///   the session have escaped the deletes, the server deletes it now. Every
+    ///   `zookeeper_client::Client` of the session — also a [`client`](Self::client) copy you
+    ///   kept — sees the session end.
     ///
-    /// Cancel safe: once called, the client is closed even if the future is dropped; the nodes are
-    /// then deleted by the background cleanup, or by the server when the session ends.
+    /// No new session is established; later acquires fail with [`Error::Closed`];
+    /// [`state`](Self::state) is [`ConnectionState::Closed`]. Idempotent: every `close()` — also
+    /// one called while another runs, or after — returns when the work is done, with its outcome.
+    ///
+    /// Cancel safe: once polled, the client is closed, and the work runs to its end in the
+    /// background even if every `close()` future is dropped.
     ///
     /// # Errors
     /// [`Error::ZooKeeper`] (or [`Error::SessionLost`]) if the nodes could not be confirmed
     /// deleted within the session timeout (the server is unreachable): they go when the server
     /// expires the session. The client is closed all the same.
     pub async fn close(&self) -> Result<()> {
-        if self.inner.closed.send_replace(true) {
-            return Ok(());
+        // The close gate (`SessionContext::through_gate`): this write of the flag waits for every
+        // create being sent, and no create is sent after it.
+        let first = !self.inner.closed.send_replace(true);
+        let mut outcome = self.inner.close_outcome.subscribe();
+        if first {
+            if let Some(supervisor) = lock(&self.inner.supervisor).take() {
+                supervisor.abort();
+            }
+            self.inner.supervising.store(false, Ordering::SeqCst);
+            self.inner.generation.send_modify(|generation| *generation += 1);
+            self.inner.publish(ConnectionState::Closed);
+            // The work runs to its end whoever waits for it: every `close()` waits for its
+            // outcome, and none can cancel it.
+            let managed = self.inner.clone();
+            tokio::spawn(async move {
+                let result = managed.close_session().await;
+                managed.close_outcome.send_replace(Some(result));
+            });
         }
-        if let Some(supervisor) = lock(&self.inner.supervisor).take() {
-            supervisor.abort();
-        }
-        self.inner.supervising.store(false, Ordering::SeqCst);
-        self.inner.generation.send_modify(|generation| *generation += 1);
-        self.inner.publish(ConnectionState::Closed);
-        let context = self.context();
-        context.session.close_holds();
-        let client = context.client().clone();
-        if client.state().is_terminated() {
-            return Ok(());
-        }
-        let timeout = client.session_timeout();
-        let deleted = tokio::time::timeout(timeout, delete_ephemerals(&client)).await;
-        match deleted {
-            Ok(result) => result,
-            Err(_) => Err(Error::ZooKeeper {
-                op: "delete the session's nodes on close",
-                path: "/".to_owned(),
-                source: zk::Error::Timeout,
-            }),
+        let done = outcome.wait_for(Option::is_some).await;
+        match done.as_deref() {
+            Ok(Some(result)) => result.clone(),
+            // The managed client went away with the work (its runtime shut down).
+            _ => Err(Error::Closed { path: "/".to_owned() }),
         }
     }
 
@@ -614,6 +694,31 @@ impl ManagedClient {
 }
 
 impl Managed {
+    /// [`ManagedClient::close`]'s work, once: tell the holds, delete the session's nodes and
+    /// confirm it, end the session.
+    async fn close_session(&self) -> Result<()> {
+        let context = lock(&self.current).clone();
+        // Told before any node is deleted, and nothing is tracked from now on.
+        context.session.close_holds();
+        let client = context.client().clone();
+        if client.state().is_terminated() {
+            return Ok(());
+        }
+        let timeout = client.session_timeout();
+        match tokio::time::timeout(timeout, delete_ephemerals(&client)).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(Error::ZooKeeper {
+                    op: "delete the session's nodes on close",
+                    path: "/".to_owned(),
+                    source: zk::Error::Timeout,
+                })
+            },
+        }
+        end_session(&self.connector, &self.hosts, &client, timeout).await;
+        Ok(())
+    }
+
     fn publish(&self, state: ConnectionState) {
         *lock(&self.state) = state;
         match state {
@@ -745,5 +850,36 @@ impl ConnectionStateWatcher {
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The close gate: `close()`'s write of the flag returns only after a create being sent
+    /// through the gate was sent, and no create goes through after it.
+    #[test]
+    fn close_waits_for_a_create_being_sent_and_none_is_sent_after() {
+        let flag = watch::Sender::new(false);
+        let gate = flag.subscribe();
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            through_gate(Some(&gate), || {
+                entered_tx.send(()).unwrap();
+                // A create being marshalled and queued, slowly.
+                std::thread::sleep(Duration::from_millis(300));
+                std::time::Instant::now()
+            })
+            .expect("open when the send began")
+        });
+        entered_rx.recv().unwrap();
+        assert!(!flag.send_replace(true), "the first close");
+        let closed_at = std::time::Instant::now();
+        let sent_at = sender.join().unwrap();
+        assert!(sent_at <= closed_at, "close() went on while a create was being sent");
+        let gate = flag.subscribe();
+        assert!(through_gate(Some(&gate), || ()).is_err(), "a create went through after the close");
+        assert!(through_gate(None, || ()).is_ok(), "a plain client has no gate");
     }
 }

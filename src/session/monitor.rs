@@ -77,7 +77,7 @@
 //! `tests/ensemble.rs`), where the connection looks healthy throughout. Heartbeat rounds are sent
 //! `G` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
 //! deadline sits about `0.58 T` after the latest send, and a heartbeat must be late by about
-//! `0.36 T` before a healthy session is declared lost. The monitor keeps heartbeating for T after
+//! `0.33 T` before a healthy session is declared lost (`0.36 T` less the `W` of *Busy sessions*). The monitor keeps heartbeating for T after
 //! the session's last acquire or hold, so a session in use always has evidence. A round that is
 //! slow (answered more than `G` after it was sent) is paired like any other: the deadline it gives
 //! is older, never borrowed from (A2).
@@ -115,6 +115,24 @@
 //! feed the monitor must be that connection: a clone of it, or of it with another chroot — which
 //! is what recipes are given. Two `zookeeper_client::Client`s connected separately to one session
 //! (`Connector::with_session`) are two connections, and must not share recipes' sessions.
+//!
+//! **Busy sessions.** Every answered request is a possible pairing partner, and a session may
+//! answer hundreds a second, so the monitor keeps them in entries: an entry is opened by an
+//! answer and takes every answer that comes in within `W = G/8` after the one that opened it;
+//! it keeps the latest send and the latest answer of its members. It is a sound partner: if its
+//! latest answer `a` has `a ≤ s_k − G`, every member `j` has `r_j ≤ a ≤ s_k − G` and pairs with
+//! `k` by the Claim, the member with the latest send too; likewise under *Reconnections*, where
+//! `a < b` admits every member. And it is never far behind its best member: any answer `j` is
+//! in an entry whose latest answer is at most `r_j + W`, so the entry pairs with every round sent
+//! from `r_j + W + G` on. In steady state a heartbeat round is sent `G` after the previous one's
+//! answer, so `E ≥ s_{k−1} − W` however busy the session (an entry's later members answered
+//! after round `k − 1` may hold its entry back by `W`, and the entry before it was opened by
+//! then). Entries are opened at least `W` apart, so the 64 kept span at least `1.7 T`.
+//! *Without the bound* — merging each answer into the previous entry whenever it comes within
+//! `W` of that entry's latest answer — a stream of answers less than `W` apart chains into one
+//! entry whose latest answer is always recent: no round ever pairs with it, the deadline stops
+//! moving, and a healthy session is declared past its deadline (the unit test
+//! `a_busy_session_never_passes_its_deadline`).
 //!
 //! **Cold start.** The first leader round after the monitor (re)starts — a session's first
 //! acquire, or the first one after an idle period of more than T, when the monitor had stopped
@@ -194,6 +212,11 @@ fn deadline_after(evidence: Instant, t: Duration) -> Instant {
     evidence + t * 4 / 5
 }
 
+/// `W`, the longest span of answer times kept as one entry: `G / 8`.
+fn merge_span(t: Duration) -> Duration {
+    report_lag(t) / 8
+}
+
 /// Without an answer for this long, a connection counts as stalled (the client library gives up
 /// on a connection after `0.4 T` without receiving a byte).
 fn stall_after(t: Duration) -> Duration {
@@ -252,8 +275,9 @@ struct Inner {
     idle_since: Option<Instant>,
     holds: HashMap<u64, Arc<HoldFeed>>,
     next_hold: u64,
-    /// Answered requests of the last T, by send time.
-    answers: VecDeque<Answer>,
+    /// Answered requests of the last `2 T`, in entries of at most `W` of answer times, ordered
+    /// by answer time.
+    answers: VecDeque<Kept>,
     health: Health,
     /// What the holds were last told, to re-evaluate them only when it changes.
     told: Option<Class>,
@@ -282,13 +306,26 @@ struct Answer {
     answered: Instant,
 }
 
+/// Answered requests kept as one pairing partner: the latest send and the latest answer of the
+/// answers it holds, which all came in within `W` after the first (`opened`). If the latest answer
+/// is old enough to pair with a round, so is every answer in it — also the one with the latest
+/// send — so the entry vouches for exactly what its best member vouches for (*Busy sessions*).
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    sent: Instant,
+    answered: Instant,
+    opened: Instant,
+}
+
 /// What the monitor knows about the session.
 #[derive(Clone, Copy, Debug, Default)]
 struct Health {
     connected: bool,
     terminal: Option<LossReason>,
-    /// The loss deadline (`None` until a first leader round was answered).
-    deadline: Option<Instant>,
+    /// `E`: the latest touch of the session the leader is known to have (`None` until a first
+    /// leader round was answered). The deadline is derived from it with the current T, so a
+    /// lower T stated later counts at once (*Which T*).
+    evidence: Option<Instant>,
     /// The last answer on the current connection (or when it was established).
     last_answer: Option<Instant>,
     /// When the heartbeat in flight, if any, was sent.
@@ -307,11 +344,16 @@ enum Class {
 }
 
 impl Health {
+    /// The loss deadline, `E + 0.8 T`.
+    fn deadline(&self, t: Duration) -> Option<Instant> {
+        self.evidence.map(|evidence| deadline_after(evidence, t))
+    }
+
     fn class(&self, t: Duration, now: Instant) -> Class {
         if let Some(reason) = self.terminal {
             return Class::Dead(reason);
         }
-        if self.deadline.is_none_or(|deadline| now >= deadline) {
+        if self.deadline(t).is_none_or(|deadline| now >= deadline) {
             return Class::DeadlinePassed;
         }
         if !self.connected {
@@ -532,7 +574,8 @@ impl Session {
     ///
     /// Refused — nothing tracked, the watch handed back — when the monitor cannot vouch for the
     /// session right now (dead, deadline passed, or under [`LossPolicy::Suspended`] a lost or
-    /// stalled connection): a hold is never born lost. The decision and the tracking are one step
+    /// stalled connection), and once the managed client was closed ([`close_holds`](Self::close_holds)
+    /// ran): a hold is never born lost, and none is tracked after a close told the holds. The decision and the tracking are one step
     /// under the session's lock, so no deadline can pass in between.
     pub(crate) fn track(
         &self,
@@ -772,22 +815,22 @@ impl Inner {
                 None => answer.sent.checked_sub(g * 2),
             };
             if let Some(evidence) = evidence {
-                let deadline = deadline_after(evidence, t);
-                self.health.deadline = Some(self.health.deadline.map_or(deadline, |d| d.max(deadline)));
+                self.health.evidence = Some(self.health.evidence.map_or(evidence, |e| e.max(evidence)));
             }
         }
         self.health.last_answer = Some(self.health.last_answer.map_or(answer.answered, |a| a.max(answer.answered)));
-        // Answers close together are merged (earliest send, latest answer: weaker as a pairing
-        // partner, never stronger), so the few dozen kept span more than T however many
-        // requests are answered.
-        let merge = report_lag(t) / 8;
+        // Answers close together share an entry (*Busy sessions* in the module docs): an entry
+        // spans at most `W` of answer times from the answer that opened it, so a steady stream of
+        // answers leaves a partner at most `W` older than its latest answer.
         let at = self.answers.partition_point(|j| j.answered <= answer.answered);
         match at.checked_sub(1).and_then(|i| self.answers.get_mut(i)) {
-            Some(previous) if answer.answered <= previous.answered + merge => {
-                previous.sent = previous.sent.min(answer.sent);
-                previous.answered = answer.answered.max(previous.answered);
+            Some(previous) if answer.answered < previous.opened + merge_span(t) => {
+                previous.sent = previous.sent.max(answer.sent);
+                previous.answered = previous.answered.max(answer.answered);
             },
-            _ => self.answers.insert(at, answer),
+            _ => {
+                self.answers.insert(at, Kept { sent: answer.sent, answered: answer.answered, opened: answer.answered })
+            },
         }
         while self.answers.front().is_some_and(|oldest| oldest.answered + t * 2 < answer.answered) {
             self.answers.pop_front();
@@ -814,6 +857,11 @@ impl Shared {
         let state = self.client.state();
         if state.is_terminated() {
             return Class::Dead(terminal_reason(state));
+        }
+        if inner.closed {
+            // The managed client was closed: nothing is tracked from then on (`track`), and
+            // waiting acquires end rather than wait for a session being given up.
+            return Class::Dead(LossReason::SessionClosed);
         }
         inner.health.class(self.timeout(), now)
     }
@@ -933,9 +981,16 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
     let mut next_heartbeat = shared.clock.now();
     // A disconnection too short for the state to show it when we look.
     let mut blip = false;
+    let mut counted_with = shared.timeout();
     loop {
-        // Re-read at every wake-up: a recipe may have stated a lower floor meanwhile.
+        // Re-read at every wake-up: a recipe may have stated a lower floor meanwhile. The deadline
+        // counts with it at once (it is derived from the evidence); a round goes out at once too,
+        // as the next one was planned with the old `G`.
         let t = shared.timeout();
+        if t < counted_with {
+            counted_with = t;
+            next_heartbeat = shared.clock.now();
+        }
         let now = shared.clock.now();
         let (wake_at, send, class) = {
             let mut inner = lock(&shared.inner);
@@ -977,7 +1032,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
             }
             let health = inner.health;
             let wake_at = [
-                health.deadline,
+                health.deadline(t),
                 health.stalled_at(t),
                 inner.watch_queue.front().map(|(at, _)| *at),
                 (heartbeat.is_none() && !send).then_some(next_heartbeat),
@@ -1062,11 +1117,11 @@ mod tests {
         let mut inner = Inner::default();
         // A cold start: nothing to pair with, evidence from `s − 2G`.
         inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
-        assert_eq!(inner.health.deadline, Some(base - report_lag(t()) * 2 + t() * 4 / 5));
+        assert_eq!(inner.health.deadline(t()), Some(base - report_lag(t()) * 2 + t() * 4 / 5));
         // G after the answer: paired with the first round.
         let s2 = base + ms(5) + report_lag(t());
         inner.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
-        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+        assert_eq!(inner.health.deadline(t()), Some(base + t() * 4 / 5));
     }
 
     /// A slow round (answered more than G after it was sent) is paired with the last answer before
@@ -1077,7 +1132,7 @@ mod tests {
         let base = Instant::now();
         let mut inner = Inner::default();
         inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
-        let cold_deadline = inner.health.deadline;
+        let cold_deadline = inner.health.deadline(t());
         // The next round is sent G later but answered only 0.3 T after it was sent; then a round
         // sent G after that answer.
         let s2 = base + ms(5) + report_lag(t());
@@ -1087,8 +1142,8 @@ mod tests {
         // Round 3 pairs with round 2 (answered G before it was sent): E = s2. The old rule took
         // the later of that and `s3 − 2G`, which is later here (round 2 was slow).
         assert!(s3 - report_lag(t()) * 2 > s2, "the test must tell the two rules apart");
-        assert_eq!(inner.health.deadline, Some(s2 + t() * 4 / 5));
-        assert!(cold_deadline < inner.health.deadline);
+        assert_eq!(inner.health.deadline(t()), Some(s2 + t() * 4 / 5));
+        assert!(cold_deadline < inner.health.deadline(t()));
     }
 
     /// *Reconnections*: a round sent after a disconnection was read pairs with the answers
@@ -1102,27 +1157,85 @@ mod tests {
         inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
         let s2 = base + ms(5) + g;
         inner.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
-        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+        assert_eq!(inner.health.deadline(t()), Some(base + t() * 4 / 5));
         // The connection is cut 100 ms after round 2's answer; the disconnection is read at once.
         let read = s2 + ms(105);
         inner.disconnection = Some(Disconnection { before: read, after: read + ms(1) });
         // A round sent before the read (in flight at the cut), answered after the reconnection:
         // only the first rule, which pairs it with round 1.
         inner.answered(Answer { sent: read - ms(2), answered: read + ms(600) }, true, t());
-        assert_eq!(inner.health.deadline, Some(base + t() * 4 / 5));
+        assert_eq!(inner.health.deadline(t()), Some(base + t() * 4 / 5));
         // The round sent at the reconnection, 500 ms after the cut: paired with round 2 although
         // round 2 was answered less than G before it was sent. Round 2's `s_j` is later than
         // `s_k − G` here, so the evidence is `s_k − G`.
         let s3 = read + ms(500);
         inner.answered(Answer { sent: s3, answered: s3 + ms(5) }, true, t());
         assert!(s3 - g < s2, "the test must tell `min(s_j, s_k − G)` from `s_j`");
-        assert_eq!(inner.health.deadline, Some(s3 - g + t() * 4 / 5));
+        assert_eq!(inner.health.deadline(t()), Some(s3 - g + t() * 4 / 5));
         // Without the disconnection read, the same round pairs with round 1 only.
         let mut without = Inner::default();
         without.answered(Answer { sent: base, answered: base + ms(5) }, true, t());
         without.answered(Answer { sent: s2, answered: s2 + ms(5) }, true, t());
         without.answered(Answer { sent: s3, answered: s3 + ms(5) }, true, t());
-        assert_eq!(without.health.deadline, Some(base + t() * 4 / 5));
+        assert_eq!(without.health.deadline(t()), Some(base + t() * 4 / 5));
+    }
+
+    /// A busy session (app requests answered every 50 ms, as a hot read-lock
+    /// cache produces) plus heartbeat rounds G after each answer, all answered in 5 ms. A healthy
+    /// session must never be classed DeadlinePassed.
+    #[test]
+    fn a_busy_session_never_passes_its_deadline() {
+        let t = Duration::from_secs(6);
+        let g = report_lag(t);
+        let base = Instant::now();
+        let mut inner = Inner::default();
+        inner.health.connected = true;
+        let mut next_hb = base;
+        let mut next_app = base;
+        let mut worst: Option<(Duration, Duration)> = None;
+        let end = base + Duration::from_secs(60);
+        let mut now = base;
+        let mut heartbeats = 0;
+        let mut app_n = 0u64;
+        let (mut episodes, mut in_episode) = (0, false);
+        let burst: u64 = std::env::var("BURST").ok().map(|v| v.parse().unwrap()).unwrap_or(40);
+        while now < end {
+            if next_hb <= next_app {
+                now = next_hb;
+                // the monitor checks the class when it wakes to send
+                if heartbeats > 0 && inner.health.class(t, now) == Class::DeadlinePassed {
+                    worst.get_or_insert((now - base, inner.health.deadline(t).unwrap() - base));
+                }
+                let answered = now + ms(5);
+                inner.answered(Answer { sent: now, answered }, true, t);
+                heartbeats += 1;
+                next_hb = answered + g;
+            } else {
+                now = next_app;
+                inner.answered(Answer { sent: now, answered: now + ms(5) }, true, t);
+                app_n += 1;
+                // bursts: 60 ms apart, a 200 ms pause every `burst` answers
+                next_app = now + if app_n.is_multiple_of(burst) { ms(200) } else { ms(60) };
+            }
+            let passed = inner.health.deadline(t).is_none_or(|d| d <= now);
+            if passed && !in_episode {
+                episodes += 1;
+                eprintln!(
+                    "episode at {:?}: deadline {:?}",
+                    now - base,
+                    inner.health.deadline(t).map(|d| d.saturating_duration_since(base))
+                );
+                worst.get_or_insert((now - base, Duration::ZERO));
+            }
+            in_episode = passed;
+        }
+        eprintln!("episodes in 60 s: {episodes}");
+        assert!(
+            worst.is_none(),
+            "healthy busy session declared DeadlinePassed at {:?} (deadline at {:?})",
+            worst.unwrap().0,
+            worst.unwrap().1
+        );
     }
 
     /// A stated floor below the negotiated timeout is what the deadline counts with.
