@@ -222,3 +222,39 @@ async fn refused_authentication_fails_the_first_connect_at_once() {
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     assert!(!format!("{err:?}").contains("whatever"), "{err:?}");
 }
+
+/// `ManagedClientBuilder::min_session_timeout`: the floor is what every hold of the managed
+/// client's sessions counts with. T = 10 s negotiated, a floor of 2 s stated; the connection
+/// stalls (a partition: nothing reaches the server, nothing comes back): under
+/// `LossPolicy::SessionDeadline` the holder is told `Lost(SessionDeadlinePassed)` within 0.8 × the
+/// floor of the stall (the README's deadline, `E + 0.8 T` with `E` before the stall). Without the
+/// floor counted, the holder was told 3.1 s after the stall here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_client_floor_is_what_its_holds_count_with() {
+    init_tracing();
+    let zk = zookeeper().await;
+    let proxy = zk_testcontainers::FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let (t, floor) = (Duration::from_secs(10), Duration::from_secs(2));
+    let managed = ManagedClient::builder(proxy.addr())
+        .session_timeout(t)
+        .min_session_timeout(floor)
+        .connect()
+        .await
+        .expect("managed client connects");
+    assert_eq!(managed.client().session_timeout(), t, "the server negotiated the T asked for");
+    let path = unique_path("managed-floor");
+    let mutex = InterProcessMutex::builder(&managed, &path).loss_policy(LossPolicy::SessionDeadline).build().unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(guard.state(), LockState::Held);
+    let stalled = Instant::now();
+    proxy.stall();
+    let reason = tokio::time::timeout(t, guard.lost()).await.expect("told within T");
+    let told = stalled.elapsed();
+    eprintln!("floor {floor:?} (T = {t:?}): told {reason:?} {told:?} after the stall");
+    assert_eq!(reason, LossReason::SessionDeadlinePassed);
+    assert_within(told, floor * 4 / 5, "told within 0.8 × the floor of the stall");
+    proxy.pass();
+    drop(guard);
+    let _ = managed.close().await;
+}
