@@ -117,14 +117,16 @@ async fn main() -> Result<(), BoxError> {
                             write.add_set_data(&catalog, version.to_string().as_bytes(), None)?;
                             write.commit().await?;
                             occupancy.leave_editor();
-                            // The downgrade: granted at once, kept after the write scope ends.
+                            // The downgrade: granted at once (a read node beside our write node,
+                            // Curator 5.5's layout), kept after the write scope ends.
                             let read_back = read.acquire().await?;
                             Ok::<_, BoxError>((version, read_back))
                         }
                     })
                     .await??;
                 occupancy.enter_reader();
-                // Other readers may come in now; no editor may: what we wrote stays.
+                // Other readers come in now (our write node is gone); no editor may: what we
+                // wrote stays.
                 for _ in 0..3 {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     let seen = catalog_version(&zk.client(), &catalog).await?;

@@ -136,6 +136,18 @@ pub enum Error {
         path: String,
     },
 
+    /// A read lock was acquired, outside a lock scope of the write lock, by the task (or, outside
+    /// any task, the thread) that acquired a write hold of the same
+    /// [`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock) (or a clone) whose guards
+    /// are not all released. Queued, it would wait for its own write node for ever; downgrade
+    /// inside [`with_lock`](crate::InterProcessMutex::with_lock) of the write lock instead, or
+    /// release the write guards first. Nothing was queued.
+    #[error("cannot acquire the read lock of {path:?} while the current task holds its write lock outside a write scope: it would wait for its own write node; downgrade inside `write_lock().with_lock(..)`, or release the write lock first")]
+    UnscopedDowngrade {
+        /// The lock path.
+        path: String,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {

@@ -1,9 +1,11 @@
-//! Apache Curator's `InterProcessReadWriteLock` (Java, Debian's Curator 5.4 jars) in child
+//! Apache Curator's `InterProcessReadWriteLock` — Debian's Curator 5.4 jars, and Curator 5.5+'s
+//! read/write lock compiled from its source over them (`common::interop::Curator`) — in child
 //! processes on one lock path, through `tests/interop/CuratorRwHolder.java`: Curator against
 //! Curator (which checks the holder program: its lines, its grant-time check, its markers), then
 //! Curator against our `InterProcessReadWriteLock` — readers of both overlap, a writer of either
-//! excludes everyone, fairness across languages, and our downgrade with Curator writers queued
-//! before and after our read node.
+//! excludes everyone, fairness across languages, Curator's downgrade (5.4's and 5.5's) with ours
+//! queued inside it, and our downgrade with Curator readers and writers queued before and after
+//! our read node.
 //!
 //! Each grant is checked on the granted session right after it (the program prints
 //! `ACQUIRED AHEAD <names>` if a node that must be gone is not: for a write grant any node ahead,
@@ -17,7 +19,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::interop::{curator_available, Holder};
+use common::interop::{curator_available, Curator, Holder};
 use common::*;
 use zk_recipes::{InterProcessReadWriteLock, LockGuard, LockState};
 use zookeeper_client as zk;
@@ -101,9 +103,9 @@ async fn curator_readers_share_and_a_curator_writer_excludes() {
 }
 
 /// A Curator downgrade (write, then read, then the write released) lets a Curator reader in
-/// beside its read, and a Curator writer waits for that read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_curator_downgrade_shares_its_read_and_excludes_a_writer() {
+/// beside its read, and a Curator writer waits for that read: Curator 5.4 (a read node with a
+/// sequence number of its own) and 5.5+ (a read node beside the write node).
+async fn a_curator_downgrade_shares_its_read_and_excludes_a_writer(version: Curator) {
     if !curator_available() {
         return;
     }
@@ -112,7 +114,7 @@ async fn a_curator_downgrade_shares_its_read_and_excludes_a_writer() {
     let marker_dir = path_markers(&path);
     let markers = Some(marker_dir.as_str());
 
-    let mut downgrade = Holder::curator_rw(connect, &path, "downgrade", WAIT, None, markers);
+    let mut downgrade = Holder::curator_rw_of(version, connect, &path, "downgrade", WAIT, None, markers);
     downgrade.expect("CONNECTED").await;
     downgrade.expect("WRITE_ACQUIRED").await;
     downgrade.expect("READ_ACQUIRED").await;
@@ -120,12 +122,12 @@ async fn a_curator_downgrade_shares_its_read_and_excludes_a_writer() {
     assert_eq!(inside(&marker_dir).await, ["read"]);
     queued(&path, 1, "__READ__").await;
 
-    let mut reader = Holder::curator_rw(connect, &path, "read", WAIT, None, markers);
+    let mut reader = Holder::curator_rw_of(version, connect, &path, "read", WAIT, None, markers);
     reader.expect("CONNECTED").await;
     reader.expect("ACQUIRED").await;
     assert_eq!(inside(&marker_dir).await, ["read", "read"], "a reader beside the downgraded read");
 
-    let mut writer = Holder::curator_rw(connect, &path, "write", WAIT, Some(Duration::ZERO), markers);
+    let mut writer = Holder::curator_rw_of(version, connect, &path, "write", WAIT, Some(Duration::ZERO), markers);
     writer.expect("CONNECTED").await;
     queued(&path, 3, "__WRIT__").await;
     writer.quiet_for(Duration::from_millis(500), "while two reads hold").await;
@@ -144,6 +146,74 @@ async fn a_curator_downgrade_shares_its_read_and_excludes_a_writer() {
     }
     assert_no_nodes_left(&client().await, &path).await;
     assert_no_nodes_left(&client().await, &marker_dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_5_4_downgrade_shares_its_read_and_excludes_a_writer() {
+    a_curator_downgrade_shares_its_read_and_excludes_a_writer(Curator::V5_4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_5_5_downgrade_shares_its_read_and_excludes_a_writer() {
+    a_curator_downgrade_shares_its_read_and_excludes_a_writer(Curator::V5_5).await;
+}
+
+/// Curator 5.5+'s own downgrade (its code, not a simulation) with our reader and writer queued
+/// between its write node and the read node it creates beside it: once its write lock is
+/// released our reader comes in beside its read, and our writer — which learned of that read
+/// node only after it queued, below its own sequence number — waits until the read is released,
+/// also after our reader left; then it is granted with nothing ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_reader_and_writer_queued_inside_a_curator_5_5_downgrade() {
+    if !curator_available() {
+        return;
+    }
+    let connect = zookeeper().await.connect_string();
+    let path = unique_path("rw-curator55-downgrade");
+    let marker_dir = path_markers(&path);
+    let mut downgrade =
+        Holder::curator_rw_of(Curator::V5_5, connect, &path, "downgrade-on-cue", WAIT, None, Some(&marker_dir));
+    downgrade.expect("CONNECTED").await;
+    downgrade.expect("WRITE_ACQUIRED").await;
+
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let reader = tokio::spawn({
+        let read = ours.read_lock();
+        async move { read.acquire().await.unwrap() }
+    });
+    queued(&path, 2, "__READ__").await;
+    let writer = tokio::spawn({
+        let write = ours.write_lock();
+        async move { write.acquire().await.unwrap() }
+    });
+    queued(&path, 3, "__WRIT__").await;
+
+    downgrade.say("downgrade").await;
+    downgrade.expect("READ_ACQUIRED").await;
+    downgrade.expect("WRITE_RELEASED").await;
+    let names = children(&client().await, &path).await;
+    assert!(
+        names.iter().any(|name| name.contains("__READ__") && name.ends_with("0000000000")),
+        "Curator 5.5's read node sits beside its write node (sequence 0): {names:?}"
+    );
+    let read_guard =
+        tokio::time::timeout(Duration::from_secs(10), reader).await.expect("our reader comes in beside").unwrap();
+    assert!(blocking_ahead(&ours_client, &path, &read_guard).await.is_empty());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!writer.is_finished(), "our writer was granted while two reads hold");
+    read_guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!writer.is_finished(), "our writer was granted while Curator 5.5's downgraded read holds");
+
+    downgrade.release_now();
+    downgrade.expect("RELEASING").await;
+    downgrade.expect("RELEASED").await;
+    let write_guard = tokio::time::timeout(Duration::from_secs(10), writer).await.expect("our writer granted").unwrap();
+    assert!(blocking_ahead(&ours_client, &path, &write_guard).await.is_empty());
+    write_guard.release().await.unwrap();
+    downgrade.finish().await;
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
 }
 
 /// The marker directory of the lock at `path`.
@@ -230,12 +300,13 @@ async fn curator_and_zk_recipes_readers_share_and_writers_exclude() {
     assert_no_nodes_left(&client().await, &path).await;
 }
 
-/// Our downgrade with Curator writers queued before our read node (between our write and read
-/// nodes: Curator 5.4's own downgrade lets that one in) and after it: neither is granted while our
-/// downgraded read lasts; a Curator reader queued meanwhile waits too (our write node stays until
-/// the read ends). Then each is granted in queue order with nothing blocking ahead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_downgrade_keeps_curator_writers_out() {
+/// Our downgrade (a read node beside our write node, Curator 5.5's layout) with Curator: a Curator
+/// reader and a Curator writer queue between our write node and our read node (Curator 5.4's own
+/// downgrade would let that writer in), then, after our write lock is released, another writer and
+/// a reader. The first reader comes in beside our read; neither writer, nor the reader behind
+/// them, is granted while our downgraded read lasts. Then each is granted in queue order with
+/// nothing blocking ahead (each holder checks its own grant).
+async fn our_downgrade_lets_curator_readers_in_and_keeps_curator_writers_out(version: Curator) {
     if !curator_available() {
         return;
     }
@@ -243,53 +314,70 @@ async fn our_downgrade_keeps_curator_writers_out() {
     let path = unique_path("rw-mixed-downgrade");
     let marker_dir = path_markers(&path);
     let markers = Some(marker_dir.as_str());
-    let ours = InterProcessReadWriteLock::new(client().await, &path).unwrap();
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
     let read = ours.read_lock();
+    let holder =
+        |mode: &str, hold: Option<Duration>| Holder::curator_rw_of(version, connect, &path, mode, WAIT, hold, markers);
 
-    let (mut writer_before, read_guard) = ours
+    let (mut reader_before, mut writer_before, read_guard) = ours
         .write_lock()
         .with_lock(|_write| {
             let path = path.clone();
-            let marker_dir = marker_dir.clone();
+            let (reader_before, writer_before) = (holder("read", None), holder("write", Some(Duration::ZERO)));
             async move {
-                let mut writer_before =
-                    Holder::curator_rw(connect, &path, "write", WAIT, Some(Duration::ZERO), Some(&marker_dir));
+                let (mut reader_before, mut writer_before) = (reader_before, writer_before);
+                reader_before.expect("CONNECTED").await;
                 writer_before.expect("CONNECTED").await;
-                queued(&path, 2, "__WRIT__").await;
+                queued(&path, 3, "__").await;
                 let read_guard = tokio::time::timeout(Duration::from_secs(5), read.acquire())
                     .await
                     .expect("the downgrade is granted at once")
                     .unwrap();
-                (writer_before, read_guard)
+                (reader_before, writer_before, read_guard)
             }
         })
         .await
         .unwrap();
     assert_eq!(read_guard.state(), LockState::Held);
-    let mut writer_after = Holder::curator_rw(connect, &path, "write", WAIT, Some(Duration::ZERO), markers);
+    reader_before.expect("ACQUIRED").await;
+    let mut writer_after = holder("write", Some(Duration::ZERO));
     writer_after.expect("CONNECTED").await;
     queued(&path, 4, "__WRIT__").await;
-    let mut reader = Holder::curator_rw(connect, &path, "read", WAIT, Some(Duration::ZERO), markers);
-    reader.expect("CONNECTED").await;
+    let mut reader_after = holder("read", Some(Duration::ZERO));
+    reader_after.expect("CONNECTED").await;
     queued(&path, 5, "__READ__").await;
     writer_before.quiet_for(Duration::from_millis(700), "(queued before our read node) during our downgrade").await;
     writer_after.quiet_for(Duration::from_millis(100), "during our downgrade").await;
-    reader.quiet_for(Duration::from_millis(100), "behind our kept write node").await;
-    assert!(inside(&marker_dir).await.is_empty(), "nobody of Curator's inside during our downgrade");
+    reader_after.quiet_for(Duration::from_millis(100), "behind a waiting writer").await;
+    assert_eq!(inside(&marker_dir).await, ["read"], "only Curator's first reader is inside, beside our read");
+    reader_before.release_now();
+    reader_before.expect("RELEASING").await;
+    reader_before.expect("RELEASED").await;
+    writer_before.quiet_for(Duration::from_millis(500), "while our downgraded read holds alone").await;
 
     read_guard.release().await.unwrap();
-    // Each grant is checked by the holder itself: nothing blocking left ahead.
     writer_before.expect("ACQUIRED").await;
     writer_before.expect("RELEASING").await;
     writer_before.expect("RELEASED").await;
     writer_after.expect("ACQUIRED").await;
     writer_after.expect("RELEASING").await;
     writer_after.expect("RELEASED").await;
-    reader.expect("ACQUIRED").await;
-    reader.expect("RELEASING").await;
-    reader.expect("RELEASED").await;
-    for holder in [writer_before, writer_after, reader] {
+    reader_after.expect("ACQUIRED").await;
+    reader_after.expect("RELEASING").await;
+    reader_after.expect("RELEASED").await;
+    for holder in [reader_before, writer_before, writer_after, reader_after] {
         holder.finish().await;
     }
-    assert_no_nodes_left(&client().await, &path).await;
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_downgrade_with_curator_5_4() {
+    our_downgrade_lets_curator_readers_in_and_keeps_curator_writers_out(Curator::V5_4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_downgrade_with_curator_5_5() {
+    our_downgrade_lets_curator_readers_in_and_keeps_curator_writers_out(Curator::V5_5).await;
 }

@@ -1,6 +1,8 @@
 //! `InterProcessReadWriteLock` against a real ZooKeeper: readers share, writers exclude, fairness,
-//! the downgrade (no writer slips in, also one queued before the read node), the upgrade refused,
-//! re-entry, loss of a downgraded read, no listing per reader on a writer's release, no node left.
+//! the downgrade (Curator 5.5's layout: readers come in, no writer slips in, also one queued before
+//! the read node; fenced writes checked by the server; refused in a lost write scope; cancelled
+//! without a trace), the upgrade refused, re-entry, a read by the write holder outside a scope
+//! refused, no listing per reader on a writer's release, no node left.
 
 mod common;
 
@@ -16,10 +18,10 @@ async fn rw(path: &str) -> InterProcessReadWriteLock {
     InterProcessReadWriteLock::new(client().await, path).unwrap()
 }
 
-/// The node names under `path`, in sequence order.
+/// The node names under `path`, in sequence order (a read node beside a write node first).
 async fn queue(path: &str) -> Vec<String> {
     let mut names = children(&client().await, path).await;
-    names.sort_by_key(|name| name[name.len() - 10..].to_owned());
+    names.sort_by_key(|name| (name[name.len() - 10..].to_owned(), !name.contains("__READ__")));
     names
 }
 
@@ -126,51 +128,77 @@ async fn a_writers_release_lets_the_readers_up_to_the_next_writer_in_without_lis
     assert_no_nodes_left(&client().await, &path).await;
 }
 
-/// The downgrade: inside a write scope a read is granted at once; the write lock is then released,
-/// and no writer — neither one queued before our read node (between our write and read nodes,
-/// which Curator 5.4 lets in) nor one queued after it — is granted while the read lasts.
+/// The downgrade, in Curator 5.5's layout: inside a write scope a read is granted at once with a
+/// node beside the write node (named with its sequence number). Once the write lock is released,
+/// a reader queued behind our write node comes in beside the downgraded read, while no writer —
+/// neither one queued between our write node and the read node (which Curator 5.4's downgrade lets
+/// in) nor one queued after — is granted while the read lasts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downgrade_keeps_every_writer_out_while_the_read_lasts() {
+async fn downgrade_lets_readers_in_and_keeps_every_writer_out_while_the_read_lasts() {
     let path = unique_path("rw-downgrade");
-    let ours = rw(&path).await;
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
     let (read, write) = (ours.read_lock(), ours.write_lock());
     let scoped_read = read.clone();
-    let other = rw(&path).await;
+    let other_client = client().await;
+    let other = InterProcessReadWriteLock::new(other_client.clone(), &path).unwrap();
     let spawn_writer = || {
         let write = other.write_lock();
         tokio::spawn(async move { write.acquire().await.unwrap() })
     };
+    let spawn_reader = || {
+        let read = other.read_lock();
+        tokio::spawn(async move { read.acquire().await.unwrap() })
+    };
     let inner_path = path.clone();
-    let (first_writer, read_guard, write_token) = write
+    let (first_reader, first_writer, read_guard, write_token, write_sequence) = write
         .with_lock(|write_guard| async move {
-            // A writer queues between our write node and the read node we are about to create.
+            // A reader, then a writer, queue between our write node and the read node we are about
+            // to create.
+            let first_reader = spawn_reader();
+            eventually(Duration::from_secs(10), "reader queued", || async { queue(&inner_path).await.len() == 2 })
+                .await;
             let first_writer = spawn_writer();
-            eventually(Duration::from_secs(10), "writer queued", || async { queue(&inner_path).await.len() == 2 })
+            eventually(Duration::from_secs(10), "writer queued", || async { queue(&inner_path).await.len() == 3 })
                 .await;
             let read_guard = tokio::time::timeout(Duration::from_secs(5), scoped_read.acquire())
                 .await
                 .expect("the downgrade is granted at once")
                 .unwrap();
             assert_ne!(read_guard.fencing_token(), write_guard.fencing_token(), "the read hold has its own token");
-            (first_writer, read_guard, write_guard.fencing_token())
+            assert_eq!(read_guard.sequence(), write_guard.sequence(), "the read node sorts at the write node's place");
+            let read_name = read_guard.lock_path().rsplit('/').next().unwrap().to_owned();
+            let suffix = format!("__READ__{:010}", write_guard.sequence());
+            assert!(read_name.starts_with("_c_") && read_name.ends_with(&suffix), "{read_name}");
+            assert!(!first_reader.is_finished(), "a reader came in beside our write lock");
+            (first_reader, first_writer, read_guard, write_guard.fencing_token(), write_guard.sequence())
         })
         .await
         .unwrap();
-    // The write scope is over: our write guards are gone, the read stays.
+    // The write scope is over: our write node is gone, the read stays.
     assert!(!write.is_acquired_in_this_process(), "no write guard is left");
     assert!(read.is_acquired_in_this_process());
+    let other_read = tokio::time::timeout(Duration::from_secs(10), first_reader)
+        .await
+        .expect("a reader comes in beside the downgraded read")
+        .unwrap();
     let second_writer = spawn_writer();
     eventually(Duration::from_secs(10), "second writer queued", || async { queue(&path).await.len() == 4 }).await;
     let names = queue(&path).await;
-    assert!(names[0].contains("__WRIT__") && names[2].contains("__READ__"), "{names:?}");
+    assert!(names[0].contains("__READ__") && names[0].ends_with(&format!("{write_sequence:010}")), "{names:?}");
+    assert!(names.iter().all(|name| !name.ends_with(&format!("__WRIT__{write_sequence:010}"))), "{names:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!first_writer.is_finished(), "a writer queued before our read node slipped in during the downgrade");
     assert!(!second_writer.is_finished(), "a writer slipped in during the downgrade");
     assert_eq!(read_guard.state(), LockState::Held);
     let mut fenced = read_guard.fenced_writer();
     fenced.add_check_version(&path, -1).unwrap();
-    fenced.commit().await.expect("a fenced write through the downgraded read");
+    fenced.commit().await.expect("a fenced write through the downgraded read (its write lock released)");
 
+    // The other reader leaves: the downgraded read alone still keeps both writers out.
+    other_read.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!first_writer.is_finished(), "a writer was granted beside the downgraded read");
     read_guard.release().await.unwrap();
     let w1 = tokio::time::timeout(Duration::from_secs(10), first_writer).await.expect("first writer granted").unwrap();
     assert!(w1.fencing_token().as_i64() > write_token.as_i64());
@@ -179,30 +207,173 @@ async fn downgrade_keeps_every_writer_out_while_the_read_lasts() {
     let w2 =
         tokio::time::timeout(Duration::from_secs(10), second_writer).await.expect("second writer granted").unwrap();
     w2.release().await.unwrap();
-    assert_no_nodes_left(&client().await, &path).await;
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client, other_client], Duration::from_secs(10))
+        .await;
 }
 
-/// A downgraded read rests on the write node: if that node is deleted (by hand, here), the read
-/// hold is lost, and a fenced write through it is refused.
+/// While the write lock lasts, a downgraded read rests on the write node too: if that node is
+/// deleted (by hand, here), the read hold is lost, and a fenced write through it is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_downgraded_read_is_lost_with_its_write_node() {
+async fn a_downgraded_read_is_lost_with_its_write_node_while_the_write_lasts() {
     let path = unique_path("rw-downgrade-lost");
-    let ours = rw(&path).await;
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
     let read = ours.read_lock();
-    let read_guard = ours.write_lock().with_lock(|_| async move { read.acquire().await.unwrap() }).await.unwrap();
-    let names = queue(&path).await;
-    assert_eq!(names.len(), 2, "the write node stays while the downgraded read lasts: {names:?}");
-    let write_node = format!("{path}/{}", names[0]);
-    assert!(write_node.contains("__WRIT__"));
-    client().await.delete(&write_node, None).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), read_guard.lost()).await.expect("the read is told");
-    assert_eq!(reason, LossReason::NodeDeleted);
+    let observed = path.clone();
+    let read_guard = ours
+        .write_lock()
+        .with_lock(|write_guard| async move {
+            let read_guard = read.acquire().await.unwrap();
+            assert_eq!(queue(&observed).await.len(), 2, "the write node and the read node beside it");
+            client().await.delete(write_guard.lock_path(), None).await.unwrap();
+            let reason =
+                tokio::time::timeout(Duration::from_secs(10), read_guard.lost()).await.expect("the read is told");
+            assert_eq!(reason, LossReason::NodeDeleted);
+            read_guard
+        })
+        .await
+        .unwrap();
+    // Lost is final, also once the write hold has ended.
     assert_eq!(read_guard.state(), LockState::Lost(LossReason::NodeDeleted));
     let mut fenced = read_guard.fenced_writer();
     fenced.add_check_version(&path, -1).unwrap();
     assert!(matches!(fenced.commit().await, Err(FencedWriteError::LockLost)));
     read_guard.release().await.unwrap();
-    assert_no_nodes_left(&client().await, &path).await;
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
+}
+
+/// A downgraded read's fenced write, while the write lock is held, carries a check of the write
+/// node that the *server* evaluates: with our session's traffic held back, the write node is
+/// deleted (by hand), the fenced write is sent before our process can hear of it, and the server
+/// refuses it — at the check of the write node, since the read node itself still exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgraded_reads_fenced_write_reaches_the_servers_check_of_the_write_node() {
+    let path = unique_path("rw-downgrade-fence");
+    let target = format!("{path}-target");
+    let observer = client().await;
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    observer.mkdir(&target, &persistent).await.unwrap();
+    observer.set_data(&target, b"v1", None).await.unwrap();
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let ours_client = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let read = ours.read_lock();
+    let (inner_target, inner_proxy) = (target.clone(), &proxy);
+    let outcome = ours
+        .write_lock()
+        .with_lock(|write_guard| async move {
+            let read_guard = read.acquire().await.unwrap();
+            assert_eq!(read_guard.state(), LockState::Held);
+            let multis = inner_proxy.requests().get(&op::MULTI).copied().unwrap_or(0);
+            inner_proxy.stall();
+            client().await.delete(write_guard.lock_path(), None).await.unwrap();
+            let (outcome, sent) = {
+                let mut fenced = read_guard.fenced_writer();
+                fenced.add_set_data(&inner_target, b"v2", None).unwrap();
+                let commit = fenced.commit();
+                tokio::pin!(commit);
+                assert!(
+                    tokio::time::timeout(Duration::from_millis(500), &mut commit).await.is_err(),
+                    "answered while stalled"
+                );
+                inner_proxy.pass();
+                let outcome = tokio::time::timeout(Duration::from_secs(10), commit).await.expect("answered");
+                // Held back requests are counted once they are read, after the stall.
+                let sent = inner_proxy.requests().get(&op::MULTI).copied().unwrap_or(0) - multis;
+                (outcome, sent)
+            };
+            let read_node_exists = client().await.check_stat(read_guard.lock_path()).await.unwrap().is_some();
+            read_guard.release().await.unwrap();
+            (outcome, sent, read_node_exists)
+        })
+        .await
+        .unwrap();
+    let (outcome, sent, read_node_exists) = outcome;
+    assert_eq!(sent, 1, "the fenced write was sent to the server (not refused by our process)");
+    assert!(read_node_exists, "the read node existed: only the write node's check can refuse");
+    assert!(matches!(outcome, Err(FencedWriteError::LockLost)), "{outcome:?}");
+    assert_eq!(observer.get_data(&target).await.unwrap().0, b"v1", "nothing was written");
+    assert_no_nodes_left_while_open(&observer, &path, &[ours_client], Duration::from_secs(10)).await;
+    observer.delete(&target, None).await.unwrap();
+}
+
+/// A downgrade inside a write scope whose hold is lost is refused at once and queues nothing:
+/// when our process knows of the loss, and when only the server does (the `multi` that creates
+/// the read node checks the write node first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_inside_a_lost_write_scope_is_refused() {
+    let path = unique_path("rw-downgrade-refused");
+    let observer = client().await;
+    // A persistent lock directory: a container emptied by the deletion could be reaped, and a
+    // create refused for that would hide what is tested.
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    observer.mkdir(&path, &persistent).await.unwrap();
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let ours_client = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let read = ours.read_lock();
+    // Known lost.
+    let (inner_path, inner_read) = (path.clone(), read.clone());
+    ours.write_lock()
+        .with_lock(|write_guard| async move {
+            client().await.delete(write_guard.lock_path(), None).await.unwrap();
+            let reason = tokio::time::timeout(Duration::from_secs(10), write_guard.lost()).await.expect("told");
+            assert_eq!(reason, LossReason::NodeDeleted);
+            let refused = tokio::time::timeout(Duration::from_secs(5), inner_read.acquire()).await.expect("at once");
+            assert!(matches!(refused, Err(Error::LockLost { .. })), "{refused:?}");
+            assert!(queue(&inner_path).await.is_empty(), "the refused downgrade queued a node");
+        })
+        .await
+        .unwrap();
+    // Lost at the server only: our traffic is held back while the write node is deleted.
+    let (inner_path, inner_proxy) = (path.clone(), &proxy);
+    ours.write_lock()
+        .with_lock(|write_guard| async move {
+            inner_proxy.stall();
+            client().await.delete(write_guard.lock_path(), None).await.unwrap();
+            let acquire = read.acquire();
+            tokio::pin!(acquire);
+            assert!(tokio::time::timeout(Duration::from_millis(500), &mut acquire).await.is_err());
+            inner_proxy.pass();
+            let refused = tokio::time::timeout(Duration::from_secs(10), acquire).await.expect("answered");
+            assert!(matches!(refused, Err(Error::LockLost { .. })), "{refused:?}");
+            assert!(queue(&inner_path).await.is_empty(), "the refused downgrade created a read node");
+        })
+        .await
+        .unwrap();
+    assert_no_nodes_left_while_open(&observer, &path, &[ours_client], Duration::from_secs(10)).await;
+}
+
+/// A downgrade cancelled after its `multi` was sent, with the reply not seen yet, leaves no node:
+/// the read node (not sequential, named with the write node's number) is found by its GUID and
+/// deleted while the session is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_downgrade_leaves_no_node() {
+    let path = unique_path("rw-downgrade-cancel");
+    let observer = client().await;
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let ours_client = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let read = ours.read_lock();
+    let inner_proxy = &proxy;
+    ours.write_lock()
+        .with_lock(|_write_guard| async move {
+            let multis = inner_proxy.requests().get(&op::MULTI).copied().unwrap_or(0);
+            inner_proxy.stall();
+            let mut acquire = Box::pin(read.acquire());
+            assert!(tokio::time::timeout(Duration::from_millis(500), &mut acquire).await.is_err());
+            // Cancelled before its reply could arrive (none can while stalled).
+            drop(acquire);
+            inner_proxy.pass();
+            // Held back requests are counted once they are read, after the stall.
+            eventually(Duration::from_secs(10), "the downgrade's multi reached the server", || async {
+                inner_proxy.requests().get(&op::MULTI).copied().unwrap_or(0) > multis
+            })
+            .await;
+        })
+        .await
+        .unwrap();
+    assert_no_nodes_left_while_open(&observer, &path, &[ours_client], Duration::from_secs(10)).await;
 }
 
 /// An upgrade (a write acquire inside a read scope) fails at once and queues nothing; re-entry
@@ -264,4 +435,37 @@ async fn assert_no_nodes_left_while_open_except(observer: &zookeeper_client::Cli
         children(observer, path).await.len() == expected
     })
     .await;
+}
+
+/// Curator's downgrade idiom outside a scope — `write.acquire()` then `read.acquire()` by the
+/// same task — fails at once with `UnscopedDowngrade` and queues nothing (it would wait for its
+/// own write node); a read by another task queues behind the write lock as usual, and the
+/// holder's read succeeds once its write guard is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_by_the_write_holder_outside_a_scope_is_refused_at_once() {
+    let path = unique_path("rw-unscoped-downgrade");
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let (read, write) = (ours.read_lock(), ours.clone().write_lock());
+    let write_guard = write.acquire().await.unwrap();
+    let started = std::time::Instant::now();
+    let refused =
+        tokio::time::timeout(Duration::from_secs(5), ours.clone().read_lock().acquire()).await.expect("at once");
+    assert!(matches!(refused, Err(Error::UnscopedDowngrade { .. })), "{refused:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(queue(&path).await.len(), 1, "the refused read queued a node");
+    let other_task = tokio::spawn({
+        let read = read.clone();
+        async move { read.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(10), "the other task's read queued", || async { queue(&path).await.len() == 2 })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!other_task.is_finished(), "another task's read was granted beside our write lock");
+    write_guard.release().await.unwrap();
+    let shared = tokio::time::timeout(Duration::from_secs(10), other_task).await.expect("granted").unwrap();
+    let own = tokio::time::timeout(Duration::from_secs(10), read.acquire()).await.expect("granted").unwrap();
+    own.release().await.unwrap();
+    shared.release().await.unwrap();
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
 }

@@ -7,10 +7,16 @@
 //!
 //! > if it grants our node with a set of nodes ahead of it, it grants it with any subset of them.
 //!
-//! Then a grant from the view is a grant from the truth. A mutex ("nothing ahead"), a semaphore
-//! ("fewer than n ahead") and a read lock ("no writer ahead") are monotone; and so is "at once",
-//! the downgrade of a write hold to a read. The node a driver waits for must be one ahead of ours
-//! whose deletion may change its decision, so that every wake-up is worth a decision.
+//! Then a grant from the view is a grant from the truth — for the nodes the view can know of. A
+//! mutex ("nothing ahead"), a semaphore ("fewer than n ahead") and a read lock ("no writer ahead")
+//! are monotone. The node a driver waits for must be one ahead of ours whose deletion may change
+//! its decision, so that every wake-up is worth a decision.
+//!
+//! A queue whose nodes may be created *beside* another (a downgraded read, named with the sequence
+//! number of the write node it comes from) has nodes the view may not know of: a driver of such a
+//! queue says so ([`LockDriver::admits_nodes_beside`]) and names the grants that a listing must
+//! confirm ([`LockDriver::confirm_grant`]); `view.rs`, *Nodes created beside another*, proves
+//! that this suffices.
 
 use crate::engine::naming::{LockChild, Queue};
 
@@ -40,6 +46,22 @@ pub(crate) trait LockDriver: Send + Sync {
     /// read only as far as they need, so a decision usually costs O(1) however long the queue is.
     /// Monotone (module docs).
     fn decide(&self, kind: usize, ahead_nearest_first: &mut dyn Iterator<Item = &LockChild>) -> Decision;
+
+    /// Whether a node of this queue may be created *beside* another — named with the sequence
+    /// number of a node alive at its creation instead of getting its own from the server (a
+    /// downgraded read: Curator ≥ 5.5's and ours) — and so appear below sequence numbers already
+    /// listed. False unless a recipe creates such nodes in this queue (a mutex's never has them).
+    fn admits_nodes_beside(&self) -> bool {
+        false
+    }
+
+    /// Whether a grant of our node of kind `kind`, decided from the view, must first be confirmed
+    /// by a new listing: `ahead` are the nodes ahead of ours in the latest listing we took. True
+    /// only if a node created beside one of them since could block us (`view.rs`, *Nodes created
+    /// beside another*).
+    fn confirm_grant(&self, _kind: usize, _ahead: &[LockChild]) -> bool {
+        false
+    }
 }
 
 /// Curator's `StandardLockInternalsDriver`: the first `max_leases` nodes hold the lock, and
@@ -65,28 +87,6 @@ impl LockDriver for StandardDriver {
             None => Decision::Acquired,
             Some(blocker) => Decision::WaitFor(blocker.clone()),
         }
-    }
-}
-
-/// Grants at once, whatever is ahead: for an acquire whose right to the lock comes from another
-/// hold of the same owner (a read inside a write scope: the downgrade). Monotone trivially.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AtOnce {
-    pub queue: Queue,
-    pub kind: usize,
-}
-
-impl LockDriver for AtOnce {
-    fn queue(&self) -> Queue {
-        self.queue
-    }
-
-    fn kind(&self) -> usize {
-        self.kind
-    }
-
-    fn decide(&self, _kind: usize, _ahead: &mut dyn Iterator<Item = &LockChild>) -> Decision {
-        Decision::Acquired
     }
 }
 

@@ -55,7 +55,7 @@ use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, P
 use crate::session::client::{RecipeClient, SessionContext};
 use crate::session::monitor::HoldFeed;
 use crate::session::watch::{watch_node, NodeWatch, Watched};
-use crate::state::LossPolicy;
+use crate::state::{LossPolicy, LossReason};
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
@@ -185,7 +185,7 @@ impl LockInternals {
                 result = async {
                     match wait {
                         Wait::Forever => on_session.attempt(driver, wait).await,
-                        Wait::No => on_session.attempt_while_connected(driver).await,
+                        Wait::No => on_session.while_connected(on_session.attempt(driver, wait)).await,
                     }
                 } => result,
             };
@@ -215,6 +215,48 @@ impl LockInternals {
             };
             debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
             context = next;
+        }
+    }
+
+    /// One acquire of a node created *beside* `anchor` — a node we hold on the session of
+    /// `context` — and granted at once: Curator ≥ 5.5's layout of a downgraded read. The node is
+    /// named with the anchor's sequence number (so every client sorts it at the anchor's place in
+    /// the queue) and created as a plain `EPHEMERAL` node, in one `multi` behind a check that the
+    /// anchor still exists: it is created only while the anchor exists (`view.rs`, *Nodes created
+    /// beside another*, assumption B), and the acquire fails with [`Error::LockLost`] if the
+    /// anchor is gone. Only on the anchor's session: if that session ends, so did the anchor's
+    /// hold, and the acquire fails (nothing is queued on a new session).
+    ///
+    /// Cancel safe: dropping the future at any point deletes the node it may have created — found
+    /// by its GUID if the create's reply was lost, as any lock node.
+    pub(crate) async fn attempt_beside(
+        &self,
+        driver: &dyn LockDriver,
+        anchor: &LockNode,
+        context: &Arc<SessionContext>,
+        wait: Wait,
+    ) -> Result<Option<Grant>> {
+        let closed = || Error::Closed { path: self.dir.clone() };
+        if context.is_closed() {
+            return Err(closed());
+        }
+        let on_session = OnSession { lock: self, context };
+        let attempt = tokio::select! {
+            result = async {
+                match wait {
+                    Wait::Forever => on_session.attempt_beside(driver, anchor, wait).await,
+                    Wait::No => on_session.while_connected(on_session.attempt_beside(driver, anchor, wait)).await,
+                }
+            } => result,
+            () = context.closed() => return Err(closed()),
+        };
+        match attempt {
+            // As in `attempt`: granted from replies that arrived just before the session ended.
+            Ok(Some(grant)) if context.client().state().is_terminated() => {
+                grant.context.session.release(&grant.feed);
+                Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+            },
+            result => result,
         }
     }
 
@@ -326,7 +368,7 @@ impl OnSession<'_> {
     /// 4. `Ok(None)`, not `SessionLost`: the session may well be alive (it is until the ensemble
     ///    expires it); the lock just cannot be taken now. A session already ended is reported by
     ///    the attempt itself (the state is then terminal, never `Disconnected` again).
-    async fn attempt_while_connected(&self, driver: &dyn LockDriver) -> Result<Option<Grant>> {
+    async fn while_connected(&self, attempt: impl Future<Output = Result<Option<Grant>>>) -> Result<Option<Grant>> {
         let mut states = self.context.client().state_watcher();
         let disconnected = async move {
             let mut state = states.state();
@@ -340,7 +382,111 @@ impl OnSession<'_> {
                 debug!(lock_path = self.lock.dir, "try_acquire: the connection is down; the lock cannot be taken now");
                 Ok(None)
             },
-            result = self.attempt(driver, Wait::No) => result,
+            result = attempt => result,
+        }
+    }
+
+    /// Creates our node beside `anchor`, a node of ours on this session, and takes it as a hold
+    /// at once (see `LockInternals::attempt_beside`). `None` only with [`Wait::No`], when the
+    /// session cannot be vouched for right now.
+    ///
+    /// Cancel safe: the pending node is armed before anything is sent.
+    async fn attempt_beside(&self, driver: &dyn LockDriver, anchor: &LockNode, wait: Wait) -> Result<Option<Grant>> {
+        self.context.session.min_session_timeout(self.lock.min_session_timeout);
+        let _ticket = self.context.session.begin_acquire()?;
+        let protection = naming::protection(&Uuid::new_v4());
+        self.context.cleanup.remember_runtime();
+        let mut pending = PendingNode::new(Cleanup::clone(&self.context.cleanup), &self.lock.dir, protection.clone());
+        // The anchor's sequence number spelled as the server spells it (`%010d`).
+        let path = format!("{}/{}{}{:010}", self.lock.dir, protection, driver.lock_name(), anchor.sequence);
+        Span::current().record("sequence", anchor.sequence);
+        let czxid = self.create_beside(&path, &protection, anchor, &mut pending).await?;
+        let node = LockNode { path: path.into(), sequence: anchor.sequence, czxid, kind: driver.kind(), view: None };
+        let Some(feed) = self.vouched_hold(&node, None, wait).await? else {
+            pending.delete_now().await?;
+            return Ok(None);
+        };
+        pending.disarm();
+        Ok(Some(Grant { node, feed, context: self.context.clone(), handoff: false }))
+    }
+
+    /// Sends `multi(check anchor exists, create path EPHEMERAL)` until its outcome is known;
+    /// returns the czxid of our node. A create whose outcome is unknown is looked for by its GUID
+    /// before the `multi` is sent again, so one attempt never leaves two nodes.
+    async fn create_beside(
+        &self,
+        path: &str,
+        protection: &str,
+        anchor: &LockNode,
+        pending: &mut PendingNode,
+    ) -> Result<i64> {
+        let client = self.context.client();
+        let dir = &self.lock.dir;
+        let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::new(&self.lock.acls));
+        let mut backoff = Backoff::new();
+        let mut outcome_was_unknown = false;
+        let mut unknown_in_a_row = 0;
+        loop {
+            if outcome_was_unknown {
+                match find_protected(client, dir, protection).await {
+                    Ok(Some(found)) => {
+                        debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
+                        pending.created(found.path);
+                        return Ok(found.stat.czxid);
+                    },
+                    Ok(None) => outcome_was_unknown = false,
+                    Err(err) if transient(&err) => {
+                        backoff.wait().await;
+                        continue;
+                    },
+                    Err(err) => return Err(Error::zk("list", dir, err)),
+                }
+            }
+            let sent = self.context.session.now();
+            let mut writer = client.new_multi_writer();
+            writer.add_check_version(&anchor.path, -1).map_err(|err| Error::zk("check", &anchor.path, err))?;
+            writer
+                .add_create(path, &self.lock.node_data, &options)
+                .map_err(|err| Error::zk("create lock node in", dir, err))?;
+            // Through the close gate, as every create of ours (`SessionContext::through_gate`).
+            let commit =
+                self.context.through_gate(|| writer.commit()).map_err(|_| Error::Closed { path: dir.clone() })?;
+            match commit.await {
+                Ok(mut results) => {
+                    self.context.session.answered(sent, true);
+                    pending.created(path.to_owned());
+                    return match results.pop() {
+                        Some(zk::MultiWriteResult::Create { stat, .. }) if !stat.is_invalid() => Ok(stat.czxid),
+                        _ => self.czxid_of(path).await,
+                    };
+                },
+                // The anchor is gone: its hold is lost (or being released). Nothing was applied.
+                Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => {
+                    pending.never_created();
+                    return Err(Error::LockLost { path: dir.clone(), reason: LossReason::NodeDeleted });
+                },
+                Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
+                    pending.never_created();
+                    return Err(Error::zk("create lock node in", dir, source));
+                },
+                Err(zk::MultiWriteError::RequestFailed { source }) if outcome_unknown(&source) => {
+                    debug!(%source, "lock node create outcome unknown");
+                    unknown_in_a_row += 1;
+                    if unknown_in_a_row >= MAX_UNKNOWN_CREATES {
+                        return Err(Error::zk("create a lock node beside ours", dir, source));
+                    }
+                    outcome_was_unknown = true;
+                    pending.maybe_applied();
+                    backoff.wait().await;
+                },
+                Err(zk::MultiWriteError::RequestFailed { source: zk::Error::Throttled }) => backoff.wait().await,
+                Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    if refused(&source) {
+                        pending.never_created();
+                    }
+                    return Err(Error::zk("create lock node in", dir, source));
+                },
+            }
         }
     }
 
@@ -621,7 +767,10 @@ impl OnSession<'_> {
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
         let view = DirView::of(&self.lock.dir, queue, &listing.dir_stat);
-        view.merge(&listing.children, ours.sequence);
+        view.merge(&listing.children, ours.sequence, driver.admits_nodes_beside());
+        // Whether a grant from the view must be confirmed by a listing (`view.rs`, *Nodes created
+        // beside another*): decided by the latest listing, this one until we list again.
+        let mut confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
         drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted
         // the lock when our predecessor goes. The server sends a session's replies and events in
@@ -637,6 +786,25 @@ impl OnSession<'_> {
         loop {
             let predecessor = match view.decide(driver, &ours) {
                 None => return Ok(Turn::NodeGone),
+                Some(Decision::Acquired) if confirm => {
+                    // A node created beside a write node ahead of us may have appeared since we
+                    // listed: decide from a listing taken now instead (`view.rs`).
+                    debug!(path = &*node.path, "granted from the view; confirming with a listing");
+                    let Some(listing) = self.listing(queue).await? else {
+                        view.deleted(&ours);
+                        return Ok(Turn::NodeGone);
+                    };
+                    // Answered after our create, on our session: our node is listed unless gone.
+                    let Some(ours_at) = listing.position(&ours) else {
+                        view.deleted(&ours);
+                        return Ok(Turn::NodeGone);
+                    };
+                    // The listing is now the latest: merged, it decides (from the view, which has
+                    // every node it shows ahead) whether we wait, and whether to confirm again.
+                    view.merge(&listing.children[..=ours_at], ours.sequence, driver.admits_nodes_beside());
+                    confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
+                    continue;
+                },
                 Some(Decision::Acquired) => {
                     // Take in any event already delivered for our own node (one poll, no wait).
                     tokio::select! {

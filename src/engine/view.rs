@@ -31,6 +31,50 @@
 //! The view holds every kind of node of the recipe's queue (a read/write lock's readers and
 //! writers alike): the invariant is about sequence numbers, not kinds.
 //!
+//! # Nodes created beside another
+//! The first bullet above is false for one kind of node: a *downgraded read* of a read/write lock
+//! (Curator ≥ 5.5, CURATOR-621, and ours) is created as a plain `EPHEMERAL` node named with the
+//! sequence number of its creator's write node — `_c_<uuid>-__READ__<s>` beside
+//! `_c_<uuid'>-__WRIT__<s>` — so it can appear below a waiter that has already listed. The one
+//! fact such nodes obey (assumption B; ours create theirs in a `multi` behind a check of the write
+//! node, Curator's while its thread holds the write lock):
+//!
+//! > a node created beside another, with sequence number `s`, is created while the write node
+//! > with sequence number `s` — created by the server, before every node with a higher one —
+//! > exists.
+//!
+//! Queues that admit such nodes (a driver's `admits_nodes_beside`; never a mutex's) change two
+//! things, and the invariant becomes: *every lock node that is alive, has a lower sequence number
+//! than a waiter that merged its listing, and was alive when that listing was taken, is in the
+//! view* (a node the server numbered below the merger was created before its listing: alive now,
+//! alive then — the invariant above).
+//!
+//! 1. Merges insert every listed node below the merger, not only the range above what earlier
+//!    merges covered: a node created beside another after an earlier merger listed is still put
+//!    in by any later listing that shows it. (A listing answered before a deletion that another
+//!    waiter recorded first may put that node back: the view stays a superset, at the price of
+//!    one `NoNode` read. A listing is sorted anyway, O(n log n); merging it is of the same order.)
+//! 2. Only a read is ever created beside another, and a read blocks writers only. A reader's
+//!    grant from the view is therefore still a grant from the truth. A writer whose latest
+//!    listing showed a write node ahead of it confirms a grant from the view with a new listing
+//!    and decides from that listing (a driver's `confirm_grant`).
+//!
+//! Why that suffices. Let writer `w` be granted at instant G, from the view or from a listing,
+//! and let L be the latest listing it took (answered after its create; a confirming listing is
+//! the latest). Suppose a node `x` below `w` is alive at G.
+//! - `x` was created by the server: before `w`'s create, so alive at L, so in L, so in the view
+//!   (and still there: only a deletion removes it) — `w` was not granted. Contradiction.
+//! - `x` was created beside the write node `W_s`, `s < w`, before L: alive at L, so in L (and
+//!   merged by (1)) — contradiction as above.
+//! - `x` was created beside `W_s` after L: by assumption B, `W_s` was alive then, and it was
+//!   created before `w` (`s < w`), so it was alive at L, a write node ahead of `w` in L. Then `w`
+//!   did not decide from the view without confirming — and a grant from a confirming listing
+//!   L' = L needs L to show nothing ahead. Contradiction.
+//!
+//! A writer of ours queued between a Curator 5.5+ write node and its downgrade thus waits for
+//! the downgraded read, as Curator's own writers do; the cost is one listing per write handoff
+//! that passed a write node, in read/write locks only.
+//!
 //! One caveat: the view is shared by the sessions of a process, which may be connected to
 //! different servers of an ensemble. A deletion recorded by one session is a fact, but another
 //! session's server may not have applied it yet — nor an earlier deletion of that session's own
@@ -99,9 +143,11 @@ impl DirView {
     }
 
     /// Merges a listing taken after the create of our node `ours` (lock nodes in queue order).
-    pub(crate) fn merge(&self, listing: &[LockChild], ours: i64) {
+    /// With `beside` (a queue that admits nodes created beside another), every listed node up to
+    /// ours is merged, not only those above the range earlier merges covered (module docs).
+    pub(crate) fn merge(&self, listing: &[LockChild], ours: i64, beside: bool) {
         let mut state = lock(&self.state);
-        let from = listing.partition_point(|child| child.sequence <= state.covered_upto);
+        let from = if beside { 0 } else { listing.partition_point(|child| child.sequence <= state.covered_upto) };
         let to = listing.partition_point(|child| child.sequence <= ours);
         for child in listing.get(from..to).unwrap_or_default() {
             state.alive.insert(child.clone());
@@ -178,7 +224,7 @@ mod tests {
         let real = LockChild { name: "_c_a-lock-0000000042".into(), sequence: 42, kind: 0 };
         let copy = LockChild { name: "lock-0000000042".into(), sequence: 42, kind: 0 };
         let ours = child(43);
-        view.merge(&[real.clone(), copy.clone(), ours.clone()], 43);
+        view.merge(&[real.clone(), copy.clone(), ours.clone()], 43, false);
         assert_eq!(view.decide(&mutex, &real), Some(Decision::Acquired));
         view.deleted(&copy);
         assert_eq!(view.decide(&mutex, &ours), Some(Decision::WaitFor(real.clone())));
@@ -188,11 +234,11 @@ mod tests {
     fn merge_covers_ranges_once_and_deletions_stick() {
         let view = DirView::of("/view-test/b", &["lock-"], &stat(1));
         let mutex = StandardDriver { queue: &["lock-"], kind: 0, max_leases: 1 };
-        view.merge(&[child(1), child(2), child(3)], 3);
+        view.merge(&[child(1), child(2), child(3)], 3, false);
         assert_eq!(view.decide(&mutex, &child(3)), Some(Decision::WaitFor(child(2))));
         view.deleted(&child(1));
         // A later listing still showing node 1 (taken before its deletion) does not revive it.
-        view.merge(&[child(1), child(2), child(3), child(5)], 5);
+        view.merge(&[child(1), child(2), child(3), child(5)], 5, false);
         assert_eq!(view.decide(&mutex, &child(2)), Some(Decision::Acquired));
         view.deleted(&child(3));
         assert_eq!(view.decide(&mutex, &child(5)), Some(Decision::WaitFor(child(2))));
@@ -200,5 +246,19 @@ mod tests {
         assert_eq!(view.decide(&mutex, &child(5)), Some(Decision::Acquired));
         // Our own node known deleted: no decision.
         assert_eq!(view.decide(&mutex, &child(3)), None);
+    }
+
+    #[test]
+    fn a_node_created_beside_another_is_merged_below_the_covered_range() {
+        let view = DirView::of("/view-test/d", &["lock-"], &stat(1));
+        let mutex = StandardDriver { queue: &["lock-"], kind: 0, max_leases: 1 };
+        view.merge(&[child(1), child(4)], 4, true);
+        view.deleted(&child(1));
+        // Created beside node 1 after the first merge (sequence 1, below the covered range).
+        let beside = LockChild { name: "_c_y-lock-0000000001".into(), sequence: 1, kind: 0 };
+        view.merge(&[beside.clone(), child(4), child(6)], 6, false);
+        assert_eq!(view.decide(&mutex, &child(4)), Some(Decision::Acquired), "a mutex's merge skips covered ranges");
+        view.merge(&[beside.clone(), child(4), child(6)], 6, true);
+        assert_eq!(view.decide(&mutex, &child(4)), Some(Decision::WaitFor(beside)));
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::engine::Grant;
 use crate::error::Result;
 use crate::hold::fenced::FencedWriter;
-use crate::hold::holds::{confirm, Hold, Holds, Pin};
+use crate::hold::holds::{confirm, Hold, Holds};
 use crate::state::{LockState, LossReason};
 
 /// A token that orders holders of a lock: the `czxid` (creation transaction id) of the holder's
@@ -69,8 +69,8 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     /// The first guard of a new hold of `holds` (see [`Holds::register`]).
-    pub(crate) fn granted(holds: &Arc<Holds>, grant: Grant, pin: Option<Pin>) -> LockGuard {
-        LockGuard { holds: holds.clone(), hold: holds.register(grant, pin), released: false }
+    pub(crate) fn granted(holds: &Arc<Holds>, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> LockGuard {
+        LockGuard { holds: holds.clone(), hold: holds.register(grant, downgraded_from), released: false }
     }
 
     /// Another guard of `hold` (re-entry; see [`Holds::reenter`]).

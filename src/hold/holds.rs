@@ -3,15 +3,17 @@
 //!
 //! # When a hold's node is deleted
 //! A hold ends — it is released to the session monitor (nothing that happens to its node from
-//! then on is a loss) and its node's delete is sent — when both:
-//! 1. its last guard is released or dropped, and
-//! 2. no other hold *pins* it. A read hold downgraded from a write hold pins that write hold: the
-//!    write node is what keeps every writer out while the read lasts (see
-//!    [`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock)), so it stays until the read
-//!    hold ends, however early the write guards go.
-//!
-//! Both counts live behind one lock in the hold, so exactly one caller sees them reach zero and
+//! then on is a loss) and its node's delete is sent — when its last guard is released or dropped.
+//! The guard count lives behind a lock in the hold, so exactly one caller sees it reach zero and
 //! ends the hold, once.
+//!
+//! # A hold downgraded from another
+//! A read hold downgraded from a write hold (see
+//! [`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock)) has its own node, created
+//! beside the write node, which alone keeps writers out once the write hold ends; the write hold
+//! ends with its own guards, as any hold. While the write hold lasts, the read hold's state is the
+//! worse of both (a write hold lost before it ended leaves the read hold lost: `Lost` is final),
+//! and its fenced writes check both nodes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,7 @@ use tracing::{info_span, Instrument};
 
 use crate::engine::{Grant, LockNode};
 use crate::error::{Error, Result};
+use crate::hold::scope::Owner;
 use crate::metrics;
 use crate::session::client::SessionContext;
 use crate::session::monitor::HoldFeed;
@@ -36,9 +39,10 @@ pub(crate) struct Hold {
     pub(crate) feed: Arc<HoldFeed>,
     /// The session holding the lock (not necessarily the client's current one).
     pub(crate) context: Arc<SessionContext>,
-    /// The hold whose node this hold's exclusion also rests on (a downgraded read: its write
-    /// hold), kept from ending until this one ends.
-    pin: Option<Arc<Hold>>,
+    /// The hold this one was downgraded from (a downgraded read: its write hold), if any.
+    downgraded_from: Option<Arc<Hold>>,
+    /// Who acquired the hold (the task, or the thread outside any task).
+    acquired_by: Owner,
     /// The recipe's metrics label.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     recipe: &'static str,
@@ -51,62 +55,8 @@ pub(crate) struct Hold {
 struct Life {
     /// Guards alive.
     guards: usize,
-    /// Holds pinning this one.
-    pins: usize,
     /// The hold ended (released to the monitor, its node's delete sent).
     ended: bool,
-}
-
-/// A pin on a hold: keeps it from ending while taken. Taken *before* the pinning hold is queued
-/// (a hold with no guard left cannot be pinned) and handed to that hold once granted, which gives
-/// it up when it ends; dropped unused — the acquire failed or was cancelled — it gives itself up,
-/// ending the pinned hold if its guards are gone meanwhile.
-#[derive(Debug)]
-pub(crate) struct Pin(Option<Arc<Hold>>);
-
-impl Pin {
-    /// Pins `hold` if one of its guards is still alive and it is not known lost.
-    pub(crate) fn take(hold: &Arc<Hold>) -> Result<Pin> {
-        if let LockState::Lost(reason) = hold.state() {
-            return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason });
-        }
-        let mut life = lock(&hold.life);
-        if life.guards == 0 {
-            return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason: LossReason::NodeDeleted });
-        }
-        life.pins += 1;
-        Ok(Pin(Some(hold.clone())))
-    }
-
-    /// The pinned hold, for the hold that keeps the pin from now on (and gives it up with
-    /// [`unpin`] when it ends).
-    fn keep(mut self) -> Option<Arc<Hold>> {
-        self.0.take()
-    }
-}
-
-impl Drop for Pin {
-    fn drop(&mut self) {
-        if let Some(pinned) = self.0.take() {
-            // Nobody awaits this deletion: it runs in the background like a dropped guard's.
-            drop(unpin(&pinned));
-        }
-    }
-}
-
-/// Gives up one pin on `pinned`; ends it (returning its deletion) if that was the last thing
-/// keeping it.
-fn unpin(pinned: &Hold) -> Option<JoinHandle<Result<()>>> {
-    let ends = {
-        let mut life = lock(&pinned.life);
-        life.pins -= 1;
-        life.guards == 0 && life.pins == 0 && !std::mem::replace(&mut life.ended, true)
-    };
-    if ends {
-        pinned.end()
-    } else {
-        None
-    }
 }
 
 impl Hold {
@@ -115,42 +65,72 @@ impl Hold {
         self.node.path.rsplit_once('/').map_or("/", |(dir, _)| if dir.is_empty() { "/" } else { dir })
     }
 
-    /// The pinned hold, if this one is a downgraded read.
-    pub(crate) fn pinned(&self) -> Option<&Arc<Hold>> {
-        self.pin.as_ref()
+    /// The hold this one was downgraded from, if this one is a downgraded read.
+    pub(crate) fn downgraded_from(&self) -> Option<&Arc<Hold>> {
+        self.downgraded_from.as_ref()
+    }
+
+    /// Fails unless the hold may be built on now: a guard of it is alive and it is not known
+    /// lost (so a downgrade inside a lost write scope is refused).
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if let LockState::Lost(reason) = self.state() {
+            return Err(Error::LockLost { path: self.lock_path().to_owned(), reason });
+        }
+        if lock(&self.life).guards == 0 {
+            return Err(Error::LockLost { path: self.lock_path().to_owned(), reason: LossReason::NodeDeleted });
+        }
+        Ok(())
+    }
+
+    /// Whether the hold ended (its last guard went; its node's delete was sent).
+    fn has_ended(&self) -> bool {
+        lock(&self.life).ended
     }
 
     /// What this process knows about the hold now (re-evaluated by the session monitor): its own
-    /// node's state, and lost as soon as the hold it pins is.
+    /// node's state; for a downgraded read, lost as soon as the write hold it came from is lost
+    /// before it ended, and suspended while that one is.
     pub(crate) fn state(&self) -> LockState {
         let own = self.context.session.state(&self.feed);
-        match (own, self.pinned()) {
-            (LockState::Lost(_), _) | (_, None) => own,
-            (_, Some(pinned)) => match pinned.context.session.state(&pinned.feed) {
-                lost @ LockState::Lost(_) => lost,
-                LockState::Suspended => LockState::Suspended,
-                LockState::Held => own,
-            },
+        let Some(write) = self.downgraded_from() else { return own };
+        if let LockState::Lost(_) = own {
+            return own;
+        }
+        // Ended cleanly, the write hold is never lost any more: only a loss it was told counts.
+        let released = write.feed.is_released();
+        let write_state = if released { write.feed.current() } else { write.context.session.state(&write.feed) };
+        match write_state {
+            lost @ LockState::Lost(_) => lost,
+            LockState::Suspended if !released => LockState::Suspended,
+            _ => own,
         }
     }
 
-    /// Resolves once the hold is lost (its own node, or the one it pins), with the reason.
+    /// Resolves once the hold is lost (its own node, or the write hold it was downgraded from,
+    /// before that one ended), with the reason.
     pub(crate) async fn lost(&self) -> LossReason {
         // Starts the watches on the nodes if nobody looked yet.
         self.state();
-        match self.pinned() {
+        match self.downgraded_from() {
             None => self.feed.lost().await,
-            Some(pinned) => tokio::select! {
+            // A write hold released cleanly is never lost: its `lost()` stays pending.
+            Some(write) => tokio::select! {
                 reason = self.feed.lost() => reason,
-                reason = pinned.feed.lost() => reason,
+                reason = write.feed.lost() => reason,
             },
         }
     }
 
     /// The nodes whose existence the hold's exclusion rests on, ours first: what a fenced write
-    /// checks.
+    /// checks. A downgraded read checks the write node too while the write hold lasts.
     pub(crate) fn fence_nodes(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(&*self.node.path).chain(self.pinned().map(|pinned| &*pinned.node.path))
+        let write = self.downgraded_from().filter(|write| !write.has_ended());
+        std::iter::once(&*self.node.path).chain(write.map(|write| &*write.node.path))
+    }
+
+    /// Whether `owner` acquired this hold.
+    fn acquired_by(&self, owner: Owner) -> bool {
+        self.acquired_by == owner
     }
 
     /// Ends the hold: no longer tracked as a hold, and its node's delete sent (before this
@@ -180,8 +160,8 @@ pub(crate) struct Holds {
     recipe: &'static str,
 }
 
-/// What releasing a guard started: the deletions of the holds it ended (none while other guards
-/// or pins remain; two when a downgraded read ends the write hold it pinned).
+/// What releasing a guard started: the deletion of the hold it ended (none while other guards
+/// remain).
 #[must_use]
 pub(crate) struct Ended(Vec<JoinHandle<Result<()>>>);
 
@@ -221,9 +201,9 @@ impl Holds {
         lock(&self.live).is_empty()
     }
 
-    /// A new hold from a grant, counting its first guard; `pin` keeps another hold from ending
-    /// while this one lasts.
-    pub(crate) fn register(&self, grant: Grant, pin: Option<Pin>) -> Arc<Hold> {
+    /// A new hold from a grant, counting its first guard, acquired by the current task (or
+    /// thread); `downgraded_from` is the write hold a downgraded read comes from.
+    pub(crate) fn register(&self, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> Arc<Hold> {
         let Grant { node, feed, context, handoff } = grant;
         metrics::granted(self.recipe);
         if handoff {
@@ -234,7 +214,8 @@ impl Holds {
             node,
             feed,
             context,
-            pin: pin.and_then(Pin::keep),
+            downgraded_from,
+            acquired_by: Owner::current(),
             recipe: self.recipe,
             life: Mutex::new(Life { guards: 1, ..Life::default() }),
             #[cfg(feature = "metrics")]
@@ -242,6 +223,13 @@ impl Holds {
         });
         lock(&self.live).push(hold.clone());
         hold
+    }
+
+    /// Whether the current task (or thread, outside any task) acquired a hold of this lock whose
+    /// guards are not all released.
+    pub(crate) fn held_by_current_owner(&self) -> bool {
+        let owner = Owner::current();
+        lock(&self.live).iter().any(|hold| hold.acquired_by(owner))
     }
 
     /// Counts another guard of `hold` (re-entry); fails if the hold was lost, `false` if every
@@ -260,9 +248,8 @@ impl Holds {
         Ok(true)
     }
 
-    /// Drops one guard of `hold`. When it was the last and nothing pins the hold, the hold ends:
-    /// its node's delete is sent before this returns. Ending a hold drops its own pin, which may
-    /// end the pinned hold in turn.
+    /// Drops one guard of `hold`. When it was the last, the hold ends: its node's delete is sent
+    /// before this returns.
     pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Ended {
         let ends = {
             let mut life = lock(&hold.life);
@@ -270,7 +257,7 @@ impl Holds {
             if life.guards > 0 {
                 return Ended(Vec::new());
             }
-            life.pins == 0 && !std::mem::replace(&mut life.ended, true)
+            !std::mem::replace(&mut life.ended, true)
         };
         {
             let mut live = lock(&self.live);
@@ -281,12 +268,7 @@ impl Holds {
         if !ends {
             return Ended(Vec::new());
         }
-        let mut deletions: Vec<_> = hold.end().into_iter().collect();
-        // Our node's delete is sent; now the hold we pinned may end (its delete sent after ours).
-        if let Some(pinned) = hold.pinned() {
-            deletions.extend(unpin(pinned));
-        }
-        Ended(deletions)
+        Ended(hold.end().into_iter().collect())
     }
 }
 

@@ -13,7 +13,7 @@ use crate::engine::naming::{LockChild, MUTEX_LOCK_NAME, MUTEX_QUEUE};
 use crate::engine::{LockInternals, Wait};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
-use crate::hold::holds::{Holds, Pin};
+use crate::hold::holds::{Hold, Holds};
 use crate::hold::scope::{run_in_scope, scope_hold};
 use crate::metrics::{self, Outcome};
 use crate::recipes::builder::LockBuilder;
@@ -117,8 +117,9 @@ struct MutexInner {
 }
 
 /// How an acquire that is not a re-entry enters the lock, for a lock that is one kind of a recipe
-/// with several: a read/write lock's read lock is granted at once inside a scope of its write lock
-/// (the downgrade), its write lock refuses to be acquired inside a scope of its read lock.
+/// with several: a read/write lock's read lock is granted at once beside its write node inside a
+/// scope of its write lock (the downgrade), its write lock refuses to be acquired inside a scope
+/// of its read lock.
 pub(crate) trait EntryRule: Send + Sync {
     /// Decided when the acquire starts, in the acquiring task (where lock scopes are seen).
     fn entry(&self) -> Result<Entry>;
@@ -128,9 +129,9 @@ pub(crate) trait EntryRule: Send + Sync {
 pub(crate) enum Entry {
     /// Queue with the lock's driver.
     Queue,
-    /// Queue a node with `driver` (which grants at once), as a hold that keeps `pin` until it
-    /// ends.
-    Pinned { driver: &'static dyn LockDriver, pin: Pin },
+    /// Create a node of the lock's kind *beside* the node of `anchor` (named with its sequence
+    /// number, in the same place of the queue), granted at once: a hold downgraded from `anchor`.
+    Beside { anchor: Arc<Hold> },
 }
 
 /// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
@@ -168,7 +169,8 @@ pub struct Participant {
     pub data: Vec<u8>,
     /// Whether this participant holds the lock by the lock's rule, from the nodes listed ahead
     /// of it: for a mutex, it is first in the queue; for a read lock, no write node is ahead of
-    /// it. (A read granted by a downgrade holds with a write node ahead: it is listed `false`.)
+    /// it. (A read granted by a downgrade, beside its write node, may be listed `false` while that
+    /// write node exists.)
     pub is_holder: bool,
     /// The ZooKeeper session that owns the node (its `ephemeralOwner`).
     pub session_id: i64,
@@ -318,8 +320,8 @@ impl InterProcessMutex {
         }
         let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry());
         let result = match entry {
-            Ok(Entry::Queue) => self.queue(self.inner.driver, None, wait, timeout).await,
-            Ok(Entry::Pinned { driver, pin }) => self.queue(driver, Some(pin), wait, timeout).await,
+            Ok(Entry::Queue) => self.queue(None, wait, timeout).await,
+            Ok(Entry::Beside { anchor }) => self.queue(Some(anchor), wait, timeout).await,
             Err(err) => Err(err),
         };
         let outcome = match &result {
@@ -332,17 +334,30 @@ impl InterProcessMutex {
         result
     }
 
-    /// An acquire that queues a node with `driver` (no re-entry); granted, the hold keeps `pin`.
-    /// The pin is dropped with this future if it is not granted, also when cancelled.
+    /// An acquire that queues a node with the lock's driver (no re-entry) — or, with `anchor`,
+    /// creates one beside the anchor's node and is granted at once (a downgrade from it).
     async fn queue(
         &self,
-        driver: &'static dyn LockDriver,
-        pin: Option<Pin>,
+        anchor: Option<Arc<Hold>>,
         wait: Wait,
         timeout: Option<Duration>,
     ) -> Result<Option<LockGuard>> {
-        let span = info_span!("acquire", lock_path = %self.path(), lock = driver.lock_name(), sequence = field::Empty);
-        let attempt = self.inner.internals.attempt(driver, wait).instrument(span);
+        let driver = self.inner.driver;
+        let span = info_span!(
+            "acquire",
+            lock_path = %self.path(),
+            lock = driver.lock_name(),
+            beside = anchor.as_ref().map(|anchor| anchor.node.sequence),
+            sequence = field::Empty
+        );
+        let internals = &self.inner.internals;
+        let attempt = async {
+            match &anchor {
+                None => internals.attempt(driver, wait).await,
+                Some(anchor) => internals.attempt_beside(driver, &anchor.node, &anchor.context, wait).await,
+            }
+        }
+        .instrument(span);
         let node = match timeout {
             None => attempt.await?,
             Some(timeout) => {
@@ -351,7 +366,7 @@ impl InterProcessMutex {
                 tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
             },
         };
-        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, pin)))
+        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)))
     }
 
     fn released_meanwhile(&self) -> Error {

@@ -18,32 +18,55 @@
 //! may decide from the process's view of the directory (`engine/view.rs`): when a writer goes,
 //! each reader behind it decides from the view, without a listing.
 //!
+//! One kind of node does not get its sequence number from the server: a *downgraded read*
+//! (below) is created beside its write node, named with that node's sequence number. Curator ≥
+//! 5.5 creates them too (CURATOR-621). Such a node can appear below a waiter that has listed
+//! already; a reader never waits for a read, but a writer does, so a writer whose latest listing
+//! showed a write node ahead confirms a grant from the view with one more listing (`view.rs`,
+//! *Nodes created beside another*, has the proof). Readers and the mutex pay nothing.
+//!
 //! # Downgrade, and why no writer slips in
 //! Inside a lock scope of the write lock ([`InterProcessMutex::with_lock`] on
 //! [`write_lock`](InterProcessReadWriteLock::write_lock)), a read acquire is granted at once: it
-//! queues a read node like any reader, but its driver grants it whatever is ahead (the write hold
-//! of the same scope is what excludes everyone). The write lock may then be released while the
-//! read hold stays. The claim:
+//! creates `_c_<uuid>-__READ__<s>`, where `s` is the sequence number of our write node, as a plain
+//! `EPHEMERAL` node — Curator 5.5's layout (`StandardLockInternalsDriver.createsTheLock` with
+//! `ReadLock.getSortingSequence`) — in one `multi` behind a check that our write node exists. The
+//! write lock may then be released while the read hold stays. The claim:
 //!
-//! > While a downgraded read hold lasts, no other holder of the write lock — ours or Curator's,
-//! > queued before or after our read node — is granted.
+//! > While a downgraded read node exists, no write lock is granted — to us or to Curator (5.4 or
+//! > 5.5+), queued before or after the read node's creation — and readers queued behind our
+//! > write node come in once it is released.
 //!
-//! 1. The read hold *pins* the write hold before its node is created (`hold/holds.rs`): the write
-//!    node is deleted only once the write guards **and** the read hold are gone (the write guard's
-//!    release returns at once; the node stays). Pinning fails, and nothing is queued, if the
-//!    write hold is already lost or released.
-//! 2. Every write node created after ours has a higher sequence number, so it waits while ours
-//!    exists (a writer needs *nothing* ahead) — also one queued between our write and read nodes,
-//!    which Curator 5.4 lets in as soon as its write lock is released (CURATOR-276's class).
-//! 3. Write nodes created before ours were gone when ours was granted, and sequence numbers are
-//!    never reused: none is ahead of ours again.
-//! 4. So while our write node exists, no other write node is granted; it exists until the read
-//!    hold ends, unless the session loses it (expiry, a deletion by hand). Then the write hold is
-//!    lost, and the read hold reports `Lost` with it ([`LockGuard::state`] of a downgraded read
-//!    is the worse of its own node's and the write node's); its fenced writes check both nodes.
+//! 1. The read node `R_s` is created only while our write node `W_s` exists (the `multi`'s
+//!    check), i.e. while we hold the write lock: at that moment no other writer holds it.
+//! 2. Every other write node alive then or later has a sequence number above `s`: those below
+//!    were gone before `W_s` was granted, and sequence numbers are never reused. Every client
+//!    orders nodes by the sequence number at the end of the name — ours (`naming.rs`), Curator 5.4
+//!    and 5.5+ (`SortingLockInternalsDriver.fixForSorting`) — so `R_s` is ahead of every one of
+//!    them, beside `W_s` (which of the two sorts first among equal numbers does not matter: both
+//!    are ours).
+//! 3. A writer holds only with nothing ahead. Curator lists the directory again on every wake-up
+//!    (`LockInternals.internalLockLoop`); ours decides from a listing taken after `R_s`'s creation
+//!    or from the view under `view.rs`'s rule. So while `R_s` exists, no writer is granted —
+//!    including one queued between `W_s` and `R_s`, which Curator 5.4's own downgrade (a read node
+//!    with a new sequence number) lets in (CURATOR-621).
+//! 4. A reader waits only for write nodes ahead of it. Once `W_s` is deleted, readers behind it
+//!    (up to the next writer) hold beside `R_s`, ours and Curator's alike.
 //!
-//! Readers queued behind our write node keep waiting too until the downgraded read ends: the
-//! price of (4), by design.
+//! While the write hold lasts, the downgraded read's state is the worse of both holds' (a loss of
+//! the write hold before it ended leaves the read hold lost) and its fenced writes check both
+//! nodes; after the write hold ends, the read hold stands on its own node. A downgrade is refused
+//! with [`Error::LockLost`] (nothing queued) if the write hold is known lost, or if its node is
+//! gone when the `multi` reaches the server.
+//!
+//! # Who may downgrade
+//! The read acquire must run inside a `with_lock` scope of the write lock, in the task polling it
+//! (`hold/scope.rs`). Curator's idiom — `write.acquire()` then `read.acquire()` in one thread —
+//! cannot be granted soundly here: a guard may move to another task, and futures one task joins
+//! are one task, so "the holder" is not known outside a scope. Such a read acquire — by the task
+//! (or thread, outside any task) that acquired a write hold of the same lock whose guards are not
+//! all released — fails at once with [`Error::UnscopedDowngrade`] instead of waiting for its own
+//! write node for ever. Any other task's read acquire queues as usual.
 //!
 //! # Upgrade
 //! A write acquire inside a lock scope of the read lock fails at once with [`Error::Upgrade`]:
@@ -53,15 +76,14 @@
 
 use std::sync::Arc;
 
-use crate::engine::driver::{AtOnce, Decision, LockDriver};
+use crate::engine::driver::{Decision, LockDriver};
 use crate::engine::naming::{LockChild, Queue};
 use crate::error::{Error, Result};
-use crate::hold::holds::{Holds, Pin};
+use crate::hold::holds::Holds;
 use crate::hold::scope::scope_hold;
 use crate::recipes::builder::LockBuilder;
 use crate::recipes::mutex::{Entry, EntryRule, InterProcessMutex};
 use crate::session::client::RecipeClient;
-
 /// Curator's read lock name.
 pub(crate) const READ_LOCK_NAME: &str = "__READ__";
 /// Curator's write lock name.
@@ -97,22 +119,40 @@ impl LockDriver for ReadWriteDriver {
             Some(blocker) => Decision::WaitFor(blocker.clone()),
         }
     }
+
+    /// Downgraded reads are created beside write nodes (module docs).
+    fn admits_nodes_beside(&self) -> bool {
+        true
+    }
+
+    /// Only reads are created beside another, only beside a write node, and only writers wait
+    /// for reads (`view.rs`, *Nodes created beside another*).
+    fn confirm_grant(&self, kind: usize, ahead: &[LockChild]) -> bool {
+        kind == WRITE && ahead.iter().any(|child| child.kind == WRITE)
+    }
 }
 
 static READ_DRIVER: ReadWriteDriver = ReadWriteDriver { creates: READ };
 static WRITE_DRIVER: ReadWriteDriver = ReadWriteDriver { creates: WRITE };
-/// A read node granted at once: the downgrade.
-static DOWNGRADE_DRIVER: AtOnce = AtOnce { queue: RW_QUEUE, kind: READ };
 
-/// A read acquire: granted at once, pinning the write hold, inside a write scope (the downgrade).
+/// A read acquire: inside a write scope, a downgrade (granted at once beside the write node);
+/// outside one, refused for the task that holds the write lock (module docs, *Who may
+/// downgrade*), queued for anyone else.
 struct ReadEntry {
     write_holds: Arc<Holds>,
+    path: String,
 }
 
 impl EntryRule for ReadEntry {
     fn entry(&self) -> Result<Entry> {
         match scope_hold(&self.write_holds) {
-            Some(write) => Ok(Entry::Pinned { driver: &DOWNGRADE_DRIVER, pin: Pin::take(&write)? }),
+            Some(write) => {
+                write.check_live()?;
+                Ok(Entry::Beside { anchor: write })
+            },
+            None if self.write_holds.held_by_current_owner() => {
+                Err(Error::UnscopedDowngrade { path: self.path.clone() })
+            },
             None => Ok(Entry::Queue),
         }
     }
@@ -147,11 +187,14 @@ impl EntryRule for WriteEntry {
 /// - **Fair**: a reader that queues behind a waiting writer waits for that writer.
 /// - **Re-entrant** in the mutex's scoped sense: inside `with_lock` of the read (write) lock,
 ///   acquires of the same lock re-enter.
-/// - **Downgrade**: inside a write scope, a read acquire is granted at once with its own node and
-///   fencing token; the write lock can then be released while the read stays, and **no writer is
-///   granted while the downgraded read lasts** — also one queued before our read node, which
-///   Curator 5.4 lets in (the write node stays until the read ends; see the module's source for
-///   the argument). The read guard may outlive the write scope.
+/// - **Downgrade**: inside a write scope, a read acquire is granted at once with its own node —
+///   created beside the write node, named with its sequence number, as Curator ≥ 5.5 does — and
+///   its own fencing token. The write lock can then be released while the read stays: other
+///   readers come in, and **no writer is granted while the downgraded read lasts** — also one
+///   queued between the write node and the read node, which Curator 5.4's own downgrade lets in
+///   (see the module's source for the argument). The read guard may outlive the write scope.
+///   Outside a write scope, a read acquire by the task holding the write lock fails at once with
+///   [`Error::UnscopedDowngrade`] instead of waiting for itself.
 /// - **Upgrade**: a write acquire inside a read scope fails at once with [`Error::Upgrade`]
 ///   (never a deadlock) and queues nothing.
 ///
@@ -193,7 +236,7 @@ impl LockBuilder<InterProcessReadWriteLock> {
     pub fn build(self) -> Result<InterProcessReadWriteLock> {
         let internals = Arc::new(self.internals(WRITE_LOCK_NAME)?);
         let (read_holds, write_holds) = (Holds::new("read_lock"), Holds::new("write_lock"));
-        let read_entry = ReadEntry { write_holds: write_holds.clone() };
+        let read_entry = ReadEntry { write_holds: write_holds.clone(), path: internals.dir().to_owned() };
         let write_entry = WriteEntry { read_holds: read_holds.clone(), path: internals.dir().to_owned() };
         let read = InterProcessMutex::of_kind(internals.clone(), read_holds, &READ_DRIVER, Some(Box::new(read_entry)));
         let write = InterProcessMutex::of_kind(internals, write_holds, &WRITE_DRIVER, Some(Box::new(write_entry)));

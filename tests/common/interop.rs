@@ -1,5 +1,6 @@
 //! Other ZooKeeper clients' locks, run as child processes on the test server: Apache Curator's
-//! (Java, Debian's Curator 5.4 jars) and kazoo's (Python, Debian's `python3-kazoo`). Each is a
+//! (Java, Debian's Curator 5.4 jars; for the read/write lock also Curator 5.5+'s, see [`Curator`])
+//! and kazoo's (Python, Debian's `python3-kazoo`). Each is a
 //! small program in `tests/interop/` that prints one line per event — `CONNECTED`, then
 //! `ACQUIRED` or `TIMEOUT`, then `RELEASING` and `RELEASED` — which a test reads and awaits.
 //!
@@ -26,6 +27,43 @@ pub const CURATOR_JARS: &[&str] = &[
     "/usr/share/java/zookeeper.jar",
     "/usr/share/java/slf4j-nop.jar",
 ];
+
+/// Which Curator's `InterProcessReadWriteLock` a holder runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Curator {
+    /// Debian's Curator 5.4.0 jars as they are.
+    V5_4,
+    /// Curator's current read/write lock (5.5.0 and later: CURATOR-621's downgrade layout): the two
+    /// classes it changed, `InterProcessReadWriteLock` and `StandardLockInternalsDriver`, compiled
+    /// from Curator's source (vendored unchanged in `tests/interop/curator-5.5/`, Apache-2.0, from
+    /// apache/curator 88dee99a; identical since 5.5.0 but for formatting) against the 5.4 jars, and
+    /// put ahead of them on the class path. Everything else is Curator 5.4's.
+    V5_5,
+}
+
+/// The class path for `version`: the 5.5+ classes (compiled once per test binary into its
+/// `CARGO_TARGET_TMPDIR`) ahead of Debian's jars.
+fn curator_class_path(version: Curator) -> String {
+    static CLASSES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let jars = CURATOR_JARS.join(":");
+    if version == Curator::V5_4 {
+        return jars;
+    }
+    let classes = CLASSES.get_or_init(|| {
+        let out = format!("{}/curator-5.5-rw-{}", env!("CARGO_TARGET_TMPDIR"), std::process::id());
+        let sources = ["InterProcessReadWriteLock.java", "StandardLockInternalsDriver.java"]
+            .map(|file| source(&format!("curator-5.5/{file}")));
+        // The 5.4 jars' own dependencies (guava, slf4j) come from their manifests' Class-Path.
+        let compiled = std::process::Command::new("javac")
+            .args(["-nowarn", "-cp", &jars, "-d", &out])
+            .args(sources)
+            .output()
+            .expect("run javac (openjdk-17-jdk-headless)");
+        assert!(compiled.status.success(), "compile Curator 5.5's read/write lock: {compiled:?}");
+        out
+    });
+    format!("{classes}:{jars}")
+}
 
 /// The Python that has Debian's `python3-kazoo` (not whatever `python3` is first on `PATH`).
 pub const PYTHON: &str = "/usr/bin/python3";
@@ -117,14 +155,29 @@ impl Holder {
         hold: Option<Duration>,
         markers: Option<&str>,
     ) -> Holder {
-        let jars = CURATOR_JARS.join(":");
+        Holder::curator_rw_of(Curator::V5_4, connect, path, mode, wait, hold, markers)
+    }
+
+    /// [`curator_rw`](Holder::curator_rw) with the read/write lock of Curator `version` (also
+    /// mode `downgrade-on-cue`: the downgrade waits for a [`say`](Holder::say) after
+    /// `WRITE_ACQUIRED` before it acquires the read lock).
+    pub fn curator_rw_of(
+        version: Curator,
+        connect: &str,
+        path: &str,
+        mode: &str,
+        wait: Duration,
+        hold: Option<Duration>,
+        markers: Option<&str>,
+    ) -> Holder {
+        let class_path = curator_class_path(version);
         let hold = hold.map_or_else(|| "-1".to_owned(), millis);
         let mut args =
-            vec!["-cp".into(), jars, source("CuratorRwHolder.java"), connect.into(), path.into(), mode.into()];
+            vec!["-cp".into(), class_path, source("CuratorRwHolder.java"), connect.into(), path.into(), mode.into()];
         args.extend([millis(wait), hold]);
         args.extend(markers.map(str::to_owned));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Holder::spawn(&format!("Curator {mode}"), "java", &args)
+        Holder::spawn(&format!("Curator {version:?} {mode}"), "java", &args)
     }
 
     /// Curator's `LeaderLatch` (`mode` `latch`) or `LeaderSelector` (`selector`) on the election

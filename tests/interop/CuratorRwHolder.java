@@ -5,6 +5,8 @@
 // MODE downgrade: acquires the write lock, then the read lock (granted at once to the thread that
 // holds the write lock), releases the write lock and holds the read lock: prints CONNECTED, then
 // WRITE_ACQUIRED (or TIMEOUT), READ_ACQUIRED, WRITE_RELEASED, RELEASING and RELEASED.
+// MODE downgrade-on-cue: the same, but waits for a line on standard input after WRITE_ACQUIRED
+// before it acquires the read lock.
 // It holds for HOLD_MS (the read lock, for downgrade); a negative HOLD_MS holds until a line (or
 // the end) on standard input.
 //
@@ -86,9 +88,11 @@ public class CuratorRwHolder {
         }
     }
 
+    static final BufferedReader STDIN = new BufferedReader(new InputStreamReader(System.in));
+
     static void hold(long holdMs) throws Exception {
         if (holdMs < 0) {
-            new BufferedReader(new InputStreamReader(System.in)).readLine();
+            STDIN.readLine();
         } else {
             Thread.sleep(holdMs);
         }
@@ -122,13 +126,17 @@ public class CuratorRwHolder {
                     System.out.println("RELEASED");
                     break;
                 }
-                case "downgrade": {
+                case "downgrade":
+                case "downgrade-on-cue": {
                     InterProcessMutex write = rw.writeLock(), read = rw.readLock();
                     if (!write.acquire(waitMs, TimeUnit.MILLISECONDS)) {
                         System.out.println("TIMEOUT");
                         return;
                     }
                     granted("WRITE_ACQUIRED", "__WRIT__", "write");
+                    if (mode.equals("downgrade-on-cue")) {
+                        STDIN.readLine();
+                    }
                     if (!read.acquire(waitMs, TimeUnit.MILLISECONDS)) {
                         throw new IllegalStateException("the read lock was not granted to the write lock's holder");
                     }
@@ -144,7 +152,7 @@ public class CuratorRwHolder {
                     break;
                 }
                 default:
-                    throw new IllegalArgumentException("MODE must be read, write or downgrade: " + mode);
+                    throw new IllegalArgumentException("MODE must be read, write, downgrade or downgrade-on-cue: " + mode);
             }
         }
     }
