@@ -449,3 +449,57 @@ async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_ne
     drop(leadership);
     assert_no_nodes_left(&client().await, &path).await;
 }
+
+/// Loss wins a race with work: a selector's leader whose next step is ready when the runtime
+/// freezes (its only thread blocked past the loss deadline, as in a SIGSTOP or a long GC pause)
+/// is dropped without taking that step — whichever task the runtime polls first after the freeze.
+/// Runs on a current-thread runtime: the leader's task is queued to run before the session
+/// monitor's timer is even looked at.
+#[tokio::test]
+async fn a_frozen_selector_leader_takes_no_step_after_its_loss_deadline() {
+    let zk = zookeeper().await;
+    let path = unique_path("selector-freeze");
+    let t = Duration::from_secs(2);
+    let frozen = zk.connector().with_session_timeout(t).connect(zk.connect_string()).await.expect("connect");
+    let selector = LeaderSelector::new(frozen, &path).unwrap();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let steps = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(Mutex::new(None));
+    let run = tokio::spawn({
+        let (selector, go, steps, dropped) = (selector.clone(), go.clone(), steps.clone(), dropped.clone());
+        async move {
+            selector
+                .run(|_leadership| {
+                    let (go, steps, stamp) = (go.clone(), steps.clone(), DropStamp(dropped.clone()));
+                    async move {
+                        let _stamp = stamp;
+                        loop {
+                            go.notified().await;
+                            steps.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+                .await
+        }
+    });
+    eventually(Duration::from_secs(10), "leads", || async { selector.has_leadership() }).await;
+    // Without a freeze, a step is taken.
+    go.notify_one();
+    eventually(Duration::from_secs(5), "one step", || async { steps.load(Ordering::SeqCst) == 1 }).await;
+
+    // The next step is made ready, then the thread blocks for T (> the loss deadline, 0.8 T).
+    tokio::spawn({
+        let go = go.clone();
+        async move {
+            go.notify_one();
+            std::thread::sleep(t);
+        }
+    })
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(5), "the leader's future dropped", || async { dropped.lock().unwrap().is_some() })
+        .await;
+    assert_eq!(steps.load(Ordering::SeqCst), 1, "the leader took a step after its loss deadline had passed");
+    run.abort();
+    let _ = run.await;
+}

@@ -23,6 +23,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -307,14 +308,36 @@ impl LeaderSelector {
             let kept = leadership.another();
             let (node, token) = (leadership.lock_path().to_owned(), leadership.fencing_token());
             info!(election = self.path(), node, fencing_token = %token, "leadership taken");
-            let leading = lead(leadership);
-            tokio::select! {
-                // Checked first: a lost leadership never gets one more poll of the leader.
-                biased;
-                reason = signal.lost() => {
-                    warn!(election = self.path(), node, %reason, "leadership lost; the leader's future is dropped");
+            let stepped_down = {
+                let leading = lead(leadership);
+                let lost = signal.lost();
+                tokio::pin!(leading, lost);
+                // Loss wins a race with work: the leader's future is polled only while the leadership
+                // is not known lost, checked anew before *every* poll. Polling `lost()` first
+                // (`biased`) is not enough: it is woken by the session monitor, which re-evaluates the
+                // loss deadline on its own timer. After a freeze (SIGSTOP, a long GC pause, a blocked
+                // runtime thread) the leader's timer and the monitor's fire together, and the task
+                // polled first wins: were it this one, the loss would not have been told yet and the
+                // leader would run one more step after its loss deadline — possibly beside the next
+                // leader. `reason()` re-evaluates the hold against the clock now (the deadline passed
+                // is a loss at once), so the future is dropped before that step.
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+                        return Poll::Ready(Err(reason));
+                    }
+                    if let Some(reason) = signal.reason() {
+                        return Poll::Ready(Err(reason));
+                    }
+                    leading.as_mut().poll(cx).map(Ok)
+                })
+                .await
+                // The leader's future is dropped here, before its guard below.
+            };
+            match stepped_down {
+                Ok(()) => info!(election = self.path(), node, "stepped down"),
+                Err(reason) => {
+                    warn!(election = self.path(), node, %reason, "leadership lost; the leader's future is dropped")
                 },
-                () = leading => info!(election = self.path(), node, "stepped down"),
             }
             drop(kept);
         }
