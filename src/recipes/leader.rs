@@ -5,7 +5,11 @@
 //!
 //! - A [`LeaderLatch`] queues `_c_<uuid>-latch-<seq>` nodes holding the participant id, as
 //!   Curator's `LeaderLatch` does: the first node in sequence order leads; everyone else watches
-//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer.
+//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer. Started, a
+//!   task of the latch keeps it in the election until it is closed: it acquires, keeps the guard
+//!   while the leadership lasts, and acquires again after a loss (Curator's `reset()`); a close
+//!   ends the hold however many guards of it were handed out (`Holds::end_all`: they are told
+//!   `Lost(LatchClosed)` before the node's delete is sent).
 //! - A [`LeaderSelector`] is a mutex with Curator's `lock-` names and the participant id as node
 //!   data, as Curator's `LeaderSelector` is, with Curator's `autoRequeue` loop around it: wait for
 //!   leadership, lead, step down, queue again.
@@ -15,8 +19,9 @@
 //! (`session/monitor.rs`, `engine/view.rs`): the next leader is elected only once the previous
 //! leader's node is gone, and a leader whose session the ZooKeeper leader could expire is told
 //! `Lost` before that can happen. [`LeaderSelector::run`] drops the leader's future as soon as the
-//! leadership is `Lost` — before anyone else can be elected — and so does any code that races its
-//! work against [`LockGuard::lost`]. What runs between two polls of that future (a blocking call)
+//! leadership is `Lost` — before anyone else can be elected — re-checking it against the clock
+//! before every poll, so a freeze cannot buy the leader one more step; so does any code that
+//! races its work against [`LockGuard::lost`] polled first (`biased;`). What runs between two polls of that future (a blocking call)
 //! cannot be stopped: fence what it writes with [`LockGuard::fenced_writer`] or the
 //! [`fencing_token`](LockGuard::fencing_token), which grows with every leadership.
 
