@@ -148,6 +148,26 @@ pub enum Error {
         path: String,
     },
 
+    /// A [`LeaderLatch`](crate::LeaderLatch) was asked to acquire leadership while it already
+    /// leads: the acquire would queue behind its own node and wait for itself. Nothing was
+    /// queued.
+    #[error("the LeaderLatch on {path:?} already leads: acquiring again would wait behind its own node; use the leadership it holds (LeaderLatch::await_leadership on a started latch)")]
+    AlreadyLeading {
+        /// The election path.
+        path: String,
+    },
+
+    /// A [`LeaderLatch`](crate::LeaderLatch) was used in a way its lifecycle (`start` once, then
+    /// `close` once, as Curator's `LeaderLatch`) does not allow: started twice, awaited before
+    /// `start` or after `close`, or a one-shot acquire on a started latch. Nothing was sent.
+    #[error("LeaderLatch on {path:?}: {reason}")]
+    LatchState {
+        /// The election path.
+        path: String,
+        /// What the latch's state does not allow.
+        reason: &'static str,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {

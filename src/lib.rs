@@ -19,7 +19,9 @@ pub use error::{Error, FencedWriteError, Result};
 pub use hold::fenced::FencedWriter;
 pub use hold::guard::{FencingToken, LockGuard, LossSignal};
 pub use recipes::builder::{LockBuilder, DEFAULT_MAX_REQUEST_BYTES};
-pub use recipes::leader::{LeaderLatch, LeaderLatchBuilder, LeaderSelector, LeaderSelectorBuilder};
+pub use recipes::leader::{
+    LatchEvent, LatchEvents, LeaderLatch, LeaderLatchBuilder, LeaderSelector, LeaderSelectorBuilder,
+};
 pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
 pub use recipes::rw_lock::{InterProcessReadWriteLock, ReadWriteLockBuilder};
 pub use session::acl::AclList;

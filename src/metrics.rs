@@ -117,6 +117,7 @@ pub(crate) fn lost(reason: LossReason) {
         LossReason::SessionDeadlinePassed => "session_deadline_passed",
         LossReason::NodeDeleted => "node_deleted",
         LossReason::MonitorStopped => "monitor_stopped",
+        LossReason::LatchClosed => "latch_closed",
     };
     metrics::counter!(names::LOSSES, "reason" => reason).increment(1);
 }

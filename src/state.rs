@@ -58,6 +58,9 @@ pub enum LossReason {
     /// The task that watches the session stopped before the hold was released (the tokio runtime
     /// shut down, or a panic): nobody can vouch for the lock any more.
     MonitorStopped,
+    /// The recipe holding the lock was closed by its owner while this guard was still alive
+    /// ([`LeaderLatch::close`](crate::LeaderLatch::close)): it stepped down and deleted its node.
+    LatchClosed,
 }
 
 impl std::fmt::Display for LossReason {
@@ -72,6 +75,7 @@ impl std::fmt::Display for LossReason {
             },
             LossReason::NodeDeleted => "our lock node was deleted by another client",
             LossReason::MonitorStopped => "the session monitor stopped (runtime shutdown or panic)",
+            LossReason::LatchClosed => "the LeaderLatch was closed (it left the election)",
         })
     }
 }

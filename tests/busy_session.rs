@@ -24,7 +24,8 @@ async fn a_latch_and_a_busy_read_write_lock_on_one_client_lose_nothing_in_a_minu
     let election = unique_path("busy-election");
     let cache = unique_path("busy-cache");
     let latch = LeaderLatch::builder(&managed, &election).id("scheduler").build().unwrap();
-    let leadership = latch.acquire().await.unwrap();
+    latch.start().unwrap();
+    let leadership = latch.await_leadership().await.unwrap();
     let lock = InterProcessReadWriteLock::new(&managed, &cache).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     // Three readers, each taking the read lock every 50 ms for a short read.
@@ -63,7 +64,8 @@ async fn a_latch_and_a_busy_read_write_lock_on_one_client_lose_nothing_in_a_minu
     // (the defect) took over a second; generous slack for a loaded machine.
     assert!(slowest < Duration::from_secs(1) + SCHED_SLACK, "a read acquire took {slowest:?}");
     assert!(reads > 300, "the cache was not busy: {reads} reads");
-    leadership.release().await.unwrap();
+    latch.close().await.unwrap();
+    drop(leadership);
     assert_no_nodes_left(&managed.client(), &election).await;
     assert_no_nodes_left(&managed.client(), &cache).await;
     managed.close().await.unwrap();

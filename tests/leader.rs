@@ -13,9 +13,18 @@ use std::time::{Duration, Instant};
 use common::history::History;
 use common::*;
 use rand::Rng;
-use zk_recipes::{Error, LeaderLatch, LeaderSelector, LockState, LossReason, ManagedClient};
+use zk_recipes::{Error, LatchEvent, LatchEvents, LeaderLatch, LeaderSelector, LockState, LossReason, ManagedClient};
 use zk_testcontainers::{expire_session, FaultProxy};
 use zookeeper_client as zk;
+
+/// The reasons a leadership lost to an expiry is first told with: the connection drops as the
+/// server closes the session (`ConnectionSuspended`), refined to `SessionExpired` once the client
+/// knows (`LockGuard::state` then says so).
+macro_rules! expired_reason {
+    () => {
+        LossReason::SessionExpired | LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed
+    };
+}
 
 /// Eight latches on their own sessions join, lead, step down, give up waiting, are cancelled and
 /// have their sessions expired at random: at no instant do two of them believe they lead (the
@@ -59,11 +68,17 @@ async fn eight_latches_one_leader_at_a_time() {
                 let leadership = match action {
                     // Cancelled while waiting (or right after being elected).
                     0 => {
-                        let _ = tokio::time::timeout(patience / 4, latch.acquire()).await;
+                        if let Ok(Ok(leadership)) = tokio::time::timeout(patience / 4, latch.acquire_once()).await {
+                            // Elected before the timeout: a leadership like any other, recorded.
+                            let hold = history.granted(&who, &leadership);
+                            leaderships += 1;
+                            history.releasing(hold);
+                            drop(leadership);
+                        }
                         continue;
                     },
-                    1 => latch.try_acquire().await,
-                    _ => latch.acquire_timeout(patience).await,
+                    1 => latch.try_acquire_once().await,
+                    _ => latch.acquire_once_timeout(patience).await,
                 };
                 let Some(leadership) = leadership.expect("acquire") else {
                     assert!(!latch.has_leadership(), "{who}: has_leadership() without a leadership");
@@ -124,11 +139,11 @@ async fn leadership_moves_in_queue_order() {
         latches.push(LeaderLatch::builder(client().await, &path).id(format!("node-{i}")).build().unwrap());
     }
     assert!(latches[0].leader().await.unwrap().is_none(), "nobody leads an empty election");
-    let first = latches[0].acquire().await.unwrap();
+    let first = latches[0].acquire_once().await.unwrap();
     let mut waiting = Vec::new();
     for (i, latch) in latches.iter().enumerate().skip(1) {
         let latch = latch.clone();
-        waiting.push(tokio::spawn(async move { (i, latch.acquire().await.unwrap()) }));
+        waiting.push(tokio::spawn(async move { (i, latch.acquire_once().await.unwrap()) }));
         // Queued before the next one joins.
         eventually(Duration::from_secs(5), "queued", || async {
             queued_nodes(&observer, &path, "-latch-").await.len() == i + 1
@@ -158,17 +173,19 @@ async fn leadership_moves_in_queue_order() {
         if expected == 3 {
             break;
         }
-        // Exactly the next in the queue is elected, nobody else.
-        let queued = &waiting;
-        eventually(Duration::from_secs(10), "next elected", move || async move {
-            queued.iter().any(|waiter| waiter.is_finished())
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let elected: Vec<usize> = waiting.iter().enumerate().filter(|(_, w)| w.is_finished()).map(|(k, _)| k).collect();
-        assert_eq!(elected, [0], "one elected, the first in the queue");
-        let (next, granted) = waiting.remove(0).await.unwrap();
+        // Exactly the next in the queue is elected, nobody else: checked at the grant, from the
+        // state of everyone else.
+        let (next, granted) = tokio::time::timeout(Duration::from_secs(10), waiting.remove(0))
+            .await
+            .expect("the first in the queue is elected")
+            .unwrap();
         assert_eq!(next, expected + 1, "leadership in queue order");
+        for (i, latch) in latches.iter().enumerate() {
+            assert_eq!(latch.has_leadership(), i == next, "at the grant to node-{next}: has_leadership of node-{i}");
+        }
+        let holders: Vec<String> =
+            latches[0].participants().await.unwrap().into_iter().filter(|p| p.is_holder).map(|p| p.id()).collect();
+        assert_eq!(holders, [format!("node-{next}")], "at the grant: one holder, the one granted");
         tokens.push(granted.fencing_token());
         leadership = granted;
     }
@@ -188,17 +205,20 @@ async fn a_stalled_leader_is_told_before_the_next_is_elected() {
     let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
     let stalled_client = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.expect("connect");
     let latch = LeaderLatch::builder(stalled_client, &path).id("stalled").build().unwrap();
-    let leadership = latch.acquire().await.unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
     let next = LeaderLatch::builder(client().await, &path).id("next").build().unwrap();
+    let old = leadership.loss_signal();
     let waiting = tokio::spawn({
         let next = next.clone();
         async move {
-            let leadership = next.acquire().await.unwrap();
-            (Instant::now(), leadership)
+            let leadership = next.acquire_once().await.unwrap();
+            // The old leader's state at the moment of the grant.
+            (Instant::now(), leadership, old.reason())
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(latch.has_leadership() && !waiting.is_finished());
+    eventually(Duration::from_secs(5), "next queued", || async { latch.participants().await.unwrap().len() == 2 })
+        .await;
+    assert!(latch.has_leadership() && !waiting.is_finished(), "queued behind a live leader, not elected");
 
     let stalled_at = Instant::now();
     proxy.stall();
@@ -207,7 +227,9 @@ async fn a_stalled_leader_is_told_before_the_next_is_elected() {
     assert!(matches!(reason, LossReason::ConnectionSuspended | LossReason::SessionDeadlinePassed), "{reason:?}");
     assert!(!latch.has_leadership(), "a lost leadership is not leadership, guard or not");
     assert!(matches!(leadership.state(), LockState::Lost(_)));
-    let (elected_at, new_leadership) = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap();
+    let (elected_at, new_leadership, old_at_grant) =
+        tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap();
+    assert!(old_at_grant.is_some(), "the old leader read as leading at the next grant");
     eprintln!("stall → old leader told {:?}, next elected {:?}", told_at - stalled_at, elected_at - stalled_at);
     assert_within(told_at - stalled_at, t * 2 / 5, "README: connection stalled, Suspended policy: told ≤ 0.4 T");
     assert!(told_at < elected_at, "the old leader learned of the loss only after the next was elected");
@@ -414,12 +436,12 @@ async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_ne
     let managed =
         ManagedClient::builder(zk.connect_string()).session_timeout(Duration::from_secs(4)).connect().await.unwrap();
     let latch = LeaderLatch::builder(&managed, &path).id("managed").build().unwrap();
-    let leadership = latch.acquire().await.unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
     let old_session = managed.client().session_id().0;
     let waiter = LeaderLatch::builder(client().await, &path).id("waiter").build().unwrap();
     let waiting = tokio::spawn({
         let waiter = waiter.clone();
-        async move { waiter.acquire().await.unwrap() }
+        async move { waiter.acquire_once().await.unwrap() }
     });
     eventually(Duration::from_secs(5), "waiter queued", || async { latch.participants().await.unwrap().len() == 2 })
         .await;
@@ -435,7 +457,7 @@ async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_ne
     // Rejoin: queued on the new session behind the waiter, elected when it steps down.
     let again = tokio::spawn({
         let latch = latch.clone();
-        async move { latch.acquire().await.unwrap() }
+        async move { latch.acquire_once().await.unwrap() }
     });
     eventually(Duration::from_secs(10), "rejoined", || async { waiter.participants().await.unwrap().len() == 2 }).await;
     let ours = waiter.participants().await.unwrap().into_iter().find(|p| p.id() == "managed").expect("our node");
@@ -448,4 +470,430 @@ async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_ne
     assert!(leadership.fencing_token() > waiter_token, "fencing tokens grow");
     drop(leadership);
     assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// Review D, item 3 (the issue's contract; Curator's `LeaderLatch` resets onto the new session):
+/// a started latch on a `ManagedClient` whose session expires is told `Lost(SessionExpired)`, and
+/// is back in the election on the new session by itself — no call to rejoin — and leads again
+/// once the other participant steps down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_latch_rejoins_the_election_by_itself_after_an_expiry() {
+    let zk = zookeeper().await;
+    let path = unique_path("rd-latch-rejoin");
+    let managed =
+        ManagedClient::builder(zk.connect_string()).session_timeout(Duration::from_secs(4)).connect().await.unwrap();
+    let latch = LeaderLatch::builder(&managed, &path).id("managed").build().unwrap();
+    latch.start().unwrap();
+    let leadership = latch.await_leadership().await.unwrap();
+    let old_session = managed.client().session_id().0;
+    let waiter_client = client().await;
+    let waiter = LeaderLatch::builder(waiter_client.clone(), &path).id("waiter").build().unwrap();
+    waiter.start().unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.await_leadership().await.unwrap() }
+    });
+    eventually(Duration::from_secs(5), "waiter queued", || async { waiter.participants().await.unwrap().len() == 2 })
+        .await;
+
+    expire_session(zk.connect_string(), &managed.client()).await.expect("expire");
+    let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.expect("told");
+    assert_eq!(reason, LossReason::SessionExpired);
+    drop(leadership);
+    let waiter_leads = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("waiter elected").unwrap();
+
+    // Nothing is called: the latch is expected to be back in the election on its new session.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let rejoined = loop {
+        let found = waiter
+            .participants()
+            .await
+            .unwrap()
+            .into_iter()
+            .any(|p| p.id() == "managed" && p.session_id != old_session);
+        if found || Instant::now() > deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The waiter steps down (a started latch steps down with `close`).
+    waiter_leads.release().await.unwrap();
+    waiter.close().await.unwrap();
+    assert!(
+        rejoined,
+        "the managed latch did not rejoin the election on its new session by itself (the issue's contract; Curator's \
+         LeaderLatch resets onto the new session)"
+    );
+    eventually(Duration::from_secs(10), "the rejoined latch leads", || async { latch.has_leadership() }).await;
+    latch.close().await.unwrap();
+    // Checked while both sessions are still open: nothing left by the latches themselves.
+    assert_no_nodes_left_while_open(&client().await, &path, &[waiter_client, managed.client()], Duration::from_secs(5))
+        .await;
+    let _ = managed.close().await;
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// Curator's lifecycle: a latch starts once, leads until closed; `close` tells every guard of the
+/// leadership `Lost(LatchClosed)` and has deleted the node when it returns (checked at once,
+/// while the session is open), for a leader and for a queued latch; a close cancelled at its
+/// first poll still leaves the election; a closed latch neither starts nor waits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_latch_leads_until_closed_and_close_removes_its_node() {
+    let path = unique_path("latch-lifecycle");
+    let observer = client().await;
+    let session = client().await;
+    let latch = LeaderLatch::builder(session.clone(), &path).id("a").build().unwrap();
+    assert!(matches!(latch.await_leadership().await, Err(Error::LatchState { .. })), "await before start");
+    latch.start().unwrap();
+    assert!(matches!(latch.start(), Err(Error::LatchState { .. })), "a latch starts once");
+    let leadership = latch.await_leadership().await.unwrap();
+    assert!(latch.has_leadership());
+    assert_eq!(leadership.state(), LockState::Held);
+    let again = latch.await_leadership().await.unwrap();
+    assert_eq!(again.lock_path(), leadership.lock_path(), "the same leadership while it lasts");
+    drop(again);
+    assert!(latch.has_leadership(), "dropping a guard of the leadership does not step down");
+    assert!(matches!(latch.acquire_once().await, Err(Error::LatchState { .. })), "one-shot on a started latch");
+
+    // A second latch queued behind it, and a third whose close is cancelled at its first poll.
+    let queued = LeaderLatch::builder(session.clone(), &path).id("b").build().unwrap();
+    queued.start().unwrap();
+    let cancelled = LeaderLatch::builder(session.clone(), &path).id("c").build().unwrap();
+    cancelled.start().unwrap();
+    eventually(Duration::from_secs(5), "b and c queued", || async {
+        queued_nodes(&observer, &path, "-latch-").await.len() == 3
+    })
+    .await;
+    queued.close().await.unwrap();
+    let ids: Vec<String> = latch.participants().await.unwrap().iter().map(|p| p.id()).collect();
+    assert_eq!(ids, ["a", "c"], "a closed queued latch's node is gone when close returns");
+    tokio::select! {
+        biased;
+        _ = cancelled.close() => {},
+        () = std::future::ready(()) => {},
+    }
+    eventually(Duration::from_secs(5), "a close cancelled at its first poll still leaves", || async {
+        queued_nodes(&observer, &path, "-latch-").await.len() == 1
+    })
+    .await;
+
+    latch.close().await.unwrap();
+    assert_eq!(leadership.state(), LockState::Lost(LossReason::LatchClosed), "a guard kept past close is lost");
+    assert_eq!(tokio::time::timeout(Duration::from_secs(1), leadership.lost()).await, Ok(LossReason::LatchClosed));
+    assert!(!latch.has_leadership());
+    assert!(children(&observer, &path).await.is_empty(), "the leader's node is gone when close returns");
+    latch.close().await.unwrap();
+    assert!(matches!(latch.start(), Err(Error::LatchState { .. })), "a closed latch does not start again");
+    assert!(matches!(latch.await_leadership().await, Err(Error::LatchState { .. })));
+    leadership.release().await.unwrap();
+    assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the session is still open");
+}
+
+/// Curator's `await(timeout)`: a timed wait that runs out keeps the latch in the election, in its
+/// place — the same node, ahead of those queued after it — and it is elected from that place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_wait_for_leadership_keeps_the_latch_in_its_place() {
+    let path = unique_path("latch-await-timeout");
+    let observer = client().await;
+    let latches: Vec<LeaderLatch> = {
+        let mut latches = Vec::new();
+        for id in ["a", "b", "c"] {
+            let latch = LeaderLatch::builder(client().await, &path).id(id).build().unwrap();
+            latch.start().unwrap();
+            // Queued in this order.
+            let queued = latches.len() + 1;
+            eventually(Duration::from_secs(5), "queued", || async {
+                queued_nodes(&observer, &path, "-latch-").await.len() == queued
+            })
+            .await;
+            latches.push(latch);
+        }
+        latches
+    };
+    let leadership = latches[0].await_leadership().await.unwrap();
+    let b_node = latches[0].participants().await.unwrap()[1].clone();
+    assert_eq!(b_node.id(), "b");
+    let waited = latches[1].await_leadership_timeout(Duration::from_millis(300)).await.unwrap();
+    assert!(waited.is_none(), "b does not lead while a does");
+    assert!(latches[0].has_leadership() && !latches[1].has_leadership());
+    let after: Vec<(String, String)> =
+        latches[0].participants().await.unwrap().into_iter().map(|p| (p.id(), p.path)).collect();
+    assert_eq!(after[1], ("b".to_owned(), b_node.path.clone()), "b kept its node and its place: {after:?}");
+    // Cancelled waits keep the place too.
+    let _ = tokio::time::timeout(Duration::from_millis(50), latches[1].await_leadership()).await;
+
+    latches[0].close().await.unwrap();
+    drop(leadership);
+    let elected = tokio::time::timeout(Duration::from_secs(10), latches[1].await_leadership()).await.unwrap().unwrap();
+    assert_eq!(elected.lock_path(), b_node.path, "elected from the place it kept");
+    assert!(!latches[2].has_leadership(), "at b's grant, c does not lead");
+    drop(elected);
+    for latch in &latches {
+        latch.close().await.unwrap();
+    }
+    assert!(children(&observer, &path).await.is_empty());
+}
+
+/// Asking a latch that already leads for leadership again fails at once with `AlreadyLeading`
+/// (never a wait behind its own node); once it stepped down, it may acquire again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquiring_a_latch_that_already_leads_is_an_error() {
+    let path = unique_path("latch-already-leading");
+    let latch = LeaderLatch::builder(client().await, &path).id("a").build().unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
+    let clone = latch.clone();
+    for again in [
+        tokio::time::timeout(Duration::from_secs(2), clone.acquire_once()).await.map(|r| r.map(drop)),
+        tokio::time::timeout(Duration::from_secs(2), clone.try_acquire_once()).await.map(|r| r.map(drop)),
+        tokio::time::timeout(Duration::from_secs(2), clone.acquire_once_timeout(Duration::from_secs(1)))
+            .await
+            .map(|r| r.map(drop)),
+    ] {
+        let again = again.expect("answered at once, not a wait behind its own node");
+        assert!(matches!(again, Err(Error::AlreadyLeading { .. })), "{again:?}");
+    }
+    assert!(matches!(latch.start(), Err(Error::LatchState { .. })), "no start while a one-shot leadership is held");
+    assert_eq!(latch.participants().await.unwrap().len(), 1, "nothing was queued");
+    leadership.release().await.unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
+    leadership.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// A subscriber sees every change, in order: elected, not leader after an expiry (the managed
+/// latch rejoins by itself), elected again on the new session with a larger fencing token, not
+/// leader when closed — and then the end of the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_sees_every_leadership_change() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-events");
+    let managed =
+        ManagedClient::builder(zk.connect_string()).session_timeout(Duration::from_secs(4)).connect().await.unwrap();
+    let latch = LeaderLatch::builder(&managed, &path).id("a").build().unwrap();
+    let mut events = latch.subscribe();
+    latch.start().unwrap();
+    let Some(LatchEvent::Elected { fencing_token: first, lock_path, loss }) = next(&mut events).await else {
+        panic!("elected first")
+    };
+    assert!(!loss.is_lost());
+    let other_client = client().await;
+    let other = LeaderLatch::builder(other_client.clone(), &path).id("b").build().unwrap();
+    other.start().unwrap();
+    let mut other_events = other.subscribe();
+    eventually(Duration::from_secs(5), "b queued", || async { latch.participants().await.unwrap().len() == 2 }).await;
+    // A late subscriber starts with the current leadership.
+    let mut late = latch.subscribe();
+    assert!(matches!(late.try_next(), Some(LatchEvent::Elected { fencing_token, .. }) if fencing_token == first));
+    drop(late);
+
+    expire_session(zk.connect_string(), &managed.client()).await.expect("expire");
+    let event = next(&mut events).await;
+    // Told at the first sign (the connection drops as the session ends), refined later.
+    assert!(matches!(event, Some(LatchEvent::NotLeader { reason: expired_reason!() })), "{event:?}");
+    assert!(loss.is_lost(), "the elected event's loss signal says it too");
+    let event = next(&mut other_events).await;
+    let Some(LatchEvent::Elected { fencing_token: b_token, .. }) = event else { panic!("b elected: {event:?}") };
+    assert!(b_token > first);
+    // Rejoined by itself: elected again when b closes.
+    eventually(Duration::from_secs(15), "a rejoined", || async { other.participants().await.unwrap().len() == 2 })
+        .await;
+    other.close().await.unwrap();
+    let event = next(&mut other_events).await;
+    assert!(matches!(event, Some(LatchEvent::NotLeader { reason: LossReason::LatchClosed })), "{event:?}");
+    assert!(next(&mut other_events).await.is_none(), "b's stream ends with its close");
+    let event = next(&mut events).await;
+    let Some(LatchEvent::Elected { fencing_token: again, lock_path: again_path, .. }) = event else {
+        panic!("a elected again: {event:?}")
+    };
+    assert!(again > b_token, "fencing tokens grow");
+    assert_ne!(again_path, lock_path, "a new node");
+    let owner = other_client.get_data(&again_path).await.unwrap().1.ephemeral_owner;
+    assert_eq!(owner, managed.client().session_id().0, "on the new session");
+    latch.close().await.unwrap();
+    let event = next(&mut events).await;
+    assert!(matches!(event, Some(LatchEvent::NotLeader { reason: LossReason::LatchClosed })), "{event:?}");
+    assert!(next(&mut events).await.is_none(), "the stream ends with the close");
+    assert_no_nodes_left_while_open(&other_client, &path, &[managed.client()], Duration::from_secs(5)).await;
+    let _ = managed.close().await;
+}
+
+/// The next event of `events`, within 20 s.
+async fn next(events: &mut LatchEvents) -> Option<LatchEvent> {
+    tokio::time::timeout(Duration::from_secs(20), events.next()).await.expect("an event in time")
+}
+
+/// On a plain client, a started latch whose session expired cannot rejoin: it stops, with the
+/// reason — `NotLeader(SessionExpired)`, then `Stopped(SessionLost)`; `await_leadership` fails
+/// with `SessionLost` from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_on_a_plain_client_stops_when_its_session_expires() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-plain-expiry");
+    let plain = client().await;
+    let latch = LeaderLatch::builder(plain.clone(), &path).id("plain").build().unwrap();
+    latch.start().unwrap();
+    let leadership = latch.await_leadership().await.unwrap();
+    let mut events = latch.subscribe();
+    assert!(matches!(events.next().await, Some(LatchEvent::Elected { .. })));
+    expire_session(zk.connect_string(), &plain).await.expect("expire");
+    let next = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("told");
+    assert!(matches!(next, Some(LatchEvent::NotLeader { reason: expired_reason!() })), "{next:?}");
+    let next = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("stopped");
+    assert!(matches!(next, Some(LatchEvent::Stopped { error: Error::SessionLost { .. } })), "{next:?}");
+    assert!(events.next().await.is_none());
+    assert!(!latch.has_leadership());
+    assert_eq!(leadership.state(), LockState::Lost(LossReason::SessionExpired));
+    let awaited = latch.await_leadership().await;
+    assert!(matches!(awaited, Err(Error::SessionLost { .. })), "{awaited:?}");
+    latch.close().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}
+
+/// Dropping every clone of a started latch leaves the election, leader or queued: no node is left
+/// while the session is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_started_latch_leaves_the_election() {
+    let path = unique_path("latch-dropped");
+    let session = client().await;
+    let leader = LeaderLatch::builder(session.clone(), &path).id("leader").build().unwrap();
+    leader.start().unwrap();
+    let leadership = leader.await_leadership().await.unwrap();
+    let queued = LeaderLatch::builder(session.clone(), &path).id("queued").build().unwrap();
+    queued.start().unwrap();
+    eventually(Duration::from_secs(5), "queued", || async { leader.participants().await.unwrap().len() == 2 }).await;
+    drop(leader);
+    drop(queued);
+    assert_eq!(leadership.state(), LockState::Lost(LossReason::LatchClosed), "a dropped latch stepped down");
+    drop(leadership);
+    assert_no_nodes_left_while_open(&client().await, &path, &[session], Duration::from_secs(5)).await;
+}
+
+/// Three started latches on managed clients; the leader's session is expired four times. Every
+/// leadership — the rejoined ones included — is recorded from the subscribers' events: no two
+/// overlap (a leader is told before the next is elected), fencing tokens grow, and every latch
+/// led again after rejoining by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_latches_record_every_leadership_across_expiries() {
+    let zk = zookeeper().await;
+    let path = unique_path("latch-rejoin-history");
+    let history = Arc::new(History::new(&path));
+    let mut managed = Vec::new();
+    let mut latches = Vec::new();
+    let mut recorders = Vec::new();
+    for i in 0..3 {
+        let client = ManagedClient::builder(zk.connect_string())
+            .session_timeout(Duration::from_secs(4))
+            .connect()
+            .await
+            .unwrap();
+        let latch = LeaderLatch::builder(&client, &path).id(format!("latch-{i}")).build().unwrap();
+        let mut events = latch.subscribe();
+        let history = history.clone();
+        let who = format!("latch-{i}");
+        recorders.push(tokio::spawn(async move {
+            let mut elected = 0;
+            while let Some(event) = events.next().await {
+                if let LatchEvent::Elected { fencing_token, lock_path, loss } = event {
+                    elected += 1;
+                    let hold = history.elected(&who, &lock_path, fencing_token);
+                    let history = history.clone();
+                    tokio::spawn(async move { history.lost(hold, loss.lost().await) });
+                }
+            }
+            elected
+        }));
+        latch.start().unwrap();
+        managed.push(client);
+        latches.push(latch);
+    }
+    for _ in 0..4 {
+        let leader = {
+            let mut leader = None;
+            eventually(Duration::from_secs(20), "a leader", || {
+                leader = latches.iter().position(LeaderLatch::has_leadership);
+                let found = leader.is_some();
+                async move { found }
+            })
+            .await;
+            leader.unwrap()
+        };
+        history.revoked(&format!("latch-{leader}"));
+        expire_session(zk.connect_string(), &managed[leader].client()).await.expect("expire");
+        eventually(Duration::from_secs(10), "told", || async { !latches[leader].has_leadership() }).await;
+    }
+    // Everyone back in the election on its current session.
+    eventually(Duration::from_secs(20), "all rejoined", || async {
+        latches[0].participants().await.map(|p| p.len() == 3).unwrap_or(false)
+    })
+    .await;
+    let open: Vec<zk::Client> = managed.iter().map(ManagedClient::client).collect();
+    for latch in &latches {
+        // The leader's belief ends with `Lost(LatchClosed)`, recorded like any loss.
+        latch.close().await.unwrap();
+    }
+    let mut elected = 0;
+    for recorder in recorders {
+        elected += recorder.await.unwrap();
+    }
+    let summary = history.check(None);
+    eprintln!("{elected} leaderships: {summary:?}");
+    assert!(elected >= 5, "four expiries: at least five leaderships, rejoined ones included ({elected})");
+    assert_no_nodes_left_while_open(&client().await, &path, &open, Duration::from_secs(5)).await;
+    for client in &managed {
+        let _ = client.close().await;
+    }
+}
+
+/// Loss wins a race with work: a selector's leader whose next step is ready when the runtime
+/// freezes (its only thread blocked past the loss deadline, as in a SIGSTOP or a long GC pause)
+/// is dropped without taking that step — whichever task the runtime polls first after the freeze.
+/// Runs on a current-thread runtime: the leader's task is queued to run before the session
+/// monitor's timer is even looked at.
+#[tokio::test]
+async fn a_frozen_selector_leader_takes_no_step_after_its_loss_deadline() {
+    let zk = zookeeper().await;
+    let path = unique_path("selector-freeze");
+    let t = Duration::from_secs(2);
+    let frozen = zk.connector().with_session_timeout(t).connect(zk.connect_string()).await.expect("connect");
+    let selector = LeaderSelector::new(frozen, &path).unwrap();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let steps = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(Mutex::new(None));
+    let run = tokio::spawn({
+        let (selector, go, steps, dropped) = (selector.clone(), go.clone(), steps.clone(), dropped.clone());
+        async move {
+            selector
+                .run(|_leadership| {
+                    let (go, steps, stamp) = (go.clone(), steps.clone(), DropStamp(dropped.clone()));
+                    async move {
+                        let _stamp = stamp;
+                        loop {
+                            go.notified().await;
+                            steps.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+                .await
+        }
+    });
+    eventually(Duration::from_secs(10), "leads", || async { selector.has_leadership() }).await;
+    // Without a freeze, a step is taken.
+    go.notify_one();
+    eventually(Duration::from_secs(5), "one step", || async { steps.load(Ordering::SeqCst) == 1 }).await;
+
+    // The next step is made ready, then the thread blocks for T (> the loss deadline, 0.8 T).
+    tokio::spawn({
+        let go = go.clone();
+        async move {
+            go.notify_one();
+            std::thread::sleep(t);
+        }
+    })
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(5), "the leader's future dropped", || async { dropped.lock().unwrap().is_some() })
+        .await;
+    assert_eq!(steps.load(Ordering::SeqCst), 1, "the leader took a step after its loss deadline had passed");
+    run.abort();
+    let _ = run.await;
 }

@@ -47,7 +47,8 @@ async fn curator_latch_and_ours_elect_one_leader() {
     let markers = markers_dir(&ours_client).await;
     let ours = LeaderLatch::builder(ours_client.clone(), &path).id("rust-0").build().unwrap();
 
-    let leadership = ours.acquire().await.unwrap();
+    ours.start().unwrap();
+    let leadership = ours.await_leadership().await.unwrap();
     lead(&ours_client, &markers).await;
     let mut curator = Holder::curator_leader(connect, &path, "java-1", "latch", &markers);
     curator.expect("CONNECTED").await;
@@ -63,15 +64,18 @@ async fn curator_latch_and_ours_elect_one_leader() {
 
     // Ours steps down: Curator's is elected; a second latch of ours queues behind it.
     step_down(&ours_client, &markers).await;
-    leadership.release().await.unwrap();
+    ours.close().await.unwrap();
+    assert_eq!(leadership.state(), zk_recipes::LockState::Lost(zk_recipes::LossReason::LatchClosed));
+    drop(leadership);
     curator.expect("LEADER").await;
     assert_eq!(ours.leader().await.unwrap().expect("a leader").id(), "java-1", "we see Curator's id");
     assert!(!ours.has_leadership());
     let second_client = client().await;
     let second = LeaderLatch::builder(second_client.clone(), &path).id("rust-2").build().unwrap();
+    second.start().unwrap();
     let waiting = tokio::spawn({
         let second = second.clone();
-        async move { second.acquire().await.unwrap() }
+        async move { second.await_leadership().await.unwrap() }
     });
     eventually(Duration::from_secs(10), "ours queued", || async {
         queued_nodes(&ours_client, &path, "-latch-").await.len() == 2
@@ -86,7 +90,8 @@ async fn curator_latch_and_ours_elect_one_leader() {
     lead(&second_client, &markers).await;
     assert!(second.has_leadership());
     step_down(&second_client, &markers).await;
-    leadership.release().await.unwrap();
+    drop(leadership);
+    second.close().await.unwrap();
     curator.finish().await;
     assert_no_nodes_left(&ours_client, &path).await;
 }

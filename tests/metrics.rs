@@ -161,10 +161,10 @@ async fn every_documented_metric_is_recorded() {
     // Leader election: a latch's leadership stepped down, another lost; a selector's leadership.
     let election = unique_path("metrics-election");
     let latch = LeaderLatch::builder(client().await, &election).id("a").build().unwrap();
-    let leadership = latch.acquire().await.unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     leadership.release().await.unwrap();
-    let leadership = latch.acquire().await.unwrap();
+    let leadership = latch.acquire_once().await.unwrap();
     client().await.delete(leadership.lock_path(), None).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), leadership.lost()).await.unwrap();
     drop(leadership);

@@ -126,7 +126,7 @@ async fn latch_worker(soak: Arc<Soak>, w: usize) {
             let mut rng = rand::rng();
             (Duration::from_millis(rng.random_range(50..MAX_PATIENCE.as_millis() as u64)), rng.random_range(0..1500u64))
         };
-        match tokio::time::timeout(patience, latch.acquire()).await {
+        match tokio::time::timeout(patience, latch.acquire_once()).await {
             Ok(Ok(leadership)) => {
                 let index = soak.leaderships.granted(&who, &leadership);
                 tokio::select! {

@@ -117,8 +117,10 @@ impl LockGuard {
     /// # async fn work() {}
     /// # async fn demo(guard: zk_recipes::LockGuard) {
     /// tokio::select! {
-    ///     _ = work() => {},
+    ///     // Loss first: once the loss is known, the work gets no further poll.
+    ///     biased;
     ///     reason = guard.lost() => eprintln!("stopping: lock lost ({reason})"),
+    ///     _ = work() => {},
     /// }
     /// # }
     /// ```
@@ -138,8 +140,9 @@ impl LockGuard {
     /// let signal = guard.loss_signal();
     /// let worker = tokio::spawn(async move {
     ///     tokio::select! {
-    ///         _ = work() => true,
+    ///         biased; // loss first
     ///         reason = signal.lost() => { eprintln!("stopping: {reason}"); false }
+    ///         _ = work() => true,
     ///     }
     /// });
     /// let finished = worker.await.unwrap_or(false);

@@ -134,15 +134,20 @@ impl Hold {
     }
 
     /// Ends the hold: no longer tracked as a hold, and its node's delete sent (before this
-    /// returns, so whatever the caller sends next on the session is ordered after it).
-    fn end(&self) -> Option<JoinHandle<Result<()>>> {
+    /// returns, so whatever the caller sends next on the session is ordered after it). With
+    /// `relinquished`, guards of it may still be alive: they are told `Lost(reason)` before the
+    /// delete is sent.
+    fn end(&self, relinquished: Option<LossReason>) -> Option<JoinHandle<Result<()>>> {
         // Whether it ended lost (re-evaluated now: the monitor may not have told it yet; no side
         // effects on the release path).
         #[cfg(feature = "metrics")]
         let lost = matches!(self.context.session.peek(&self.feed), LockState::Lost(_));
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
-        self.context.session.release(&self.feed);
+        match relinquished {
+            None => self.context.session.release(&self.feed),
+            Some(reason) => self.context.session.relinquish(&self.feed, reason),
+        }
         #[cfg(feature = "metrics")]
         metrics::hold_ended(self.recipe, self.granted.elapsed(), lost);
         let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
@@ -248,6 +253,21 @@ impl Holds {
         Ok(true)
     }
 
+    /// Ends every hold of this lock now, however many guards of them are still alive (a closed
+    /// [`LeaderLatch`](crate::LeaderLatch) steps down): each is told `Lost(reason)`, then its
+    /// node's delete is sent before this returns. Guards released later end nothing more.
+    pub(crate) fn end_all(&self, reason: LossReason) -> Ended {
+        let live: Vec<Arc<Hold>> = std::mem::take(&mut *lock(&self.live));
+        let mut deletions = Vec::new();
+        for hold in live {
+            let ends = !std::mem::replace(&mut lock(&hold.life).ended, true);
+            if ends {
+                deletions.extend(hold.end(Some(reason)));
+            }
+        }
+        Ended(deletions)
+    }
+
     /// Drops one guard of `hold`. When it was the last, the hold ends: its node's delete is sent
     /// before this returns.
     pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Ended {
@@ -268,7 +288,7 @@ impl Holds {
         if !ends {
             return Ended(Vec::new());
         }
-        Ended(hold.end().into_iter().collect())
+        Ended(hold.end(None).into_iter().collect())
     }
 }
 

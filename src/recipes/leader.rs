@@ -5,7 +5,11 @@
 //!
 //! - A [`LeaderLatch`] queues `_c_<uuid>-latch-<seq>` nodes holding the participant id, as
 //!   Curator's `LeaderLatch` does: the first node in sequence order leads; everyone else watches
-//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer.
+//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer. Started, a
+//!   task of the latch keeps it in the election until it is closed: it acquires, keeps the guard
+//!   while the leadership lasts, and acquires again after a loss (Curator's `reset()`); a close
+//!   ends the hold however many guards of it were handed out (`Holds::end_all`: they are told
+//!   `Lost(LatchClosed)` before the node's delete is sent).
 //! - A [`LeaderSelector`] is a mutex with Curator's `lock-` names and the participant id as node
 //!   data, as Curator's `LeaderSelector` is, with Curator's `autoRequeue` loop around it: wait for
 //!   leadership, lead, step down, queue again.
@@ -15,73 +19,212 @@
 //! (`session/monitor.rs`, `engine/view.rs`): the next leader is elected only once the previous
 //! leader's node is gone, and a leader whose session the ZooKeeper leader could expire is told
 //! `Lost` before that can happen. [`LeaderSelector::run`] drops the leader's future as soon as the
-//! leadership is `Lost` — before anyone else can be elected — and so does any code that races its
-//! work against [`LockGuard::lost`]. What runs between two polls of that future (a blocking call)
+//! leadership is `Lost` — before anyone else can be elected — re-checking it against the clock
+//! before every poll, so a freeze cannot buy the leader one more step; so does any code that
+//! races its work against [`LockGuard::lost`] polled first (`biased;`). What runs between two polls of that future (a blocking call)
 //! cannot be stopped: fence what it writes with [`LockGuard::fenced_writer`] or the
 //! [`fencing_token`](LockGuard::fencing_token), which grows with every leadership.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, info_span, warn, Instrument};
 
 use crate::engine::driver::StandardDriver;
 use crate::engine::naming::{Queue, MUTEX_LOCK_NAME};
 use crate::error::{transient, Error, Result};
-use crate::hold::guard::LockGuard;
+use crate::hold::guard::{FencingToken, LockGuard, LossSignal};
 use crate::hold::holds::Holds;
 use crate::metrics::{LEADER_LATCH, LEADER_SELECTOR};
 use crate::recipes::builder::LockBuilder;
 use crate::recipes::mutex::{InterProcessMutex, Participant, MUTEX_DRIVER};
 use crate::session::client::RecipeClient;
+use crate::session::monitor::check_runtime;
+use crate::state::LossReason;
+use crate::sync::lock;
 
 /// Curator's `LeaderLatch` lock name.
 const LATCH_LOCK_NAME: &str = "latch-";
 const LATCH_QUEUE: Queue = &[LATCH_LOCK_NAME];
 static LATCH_DRIVER: StandardDriver = StandardDriver { queue: LATCH_QUEUE, kind: 0, max_leases: 1 };
 
-/// Leader election on a lock path: whoever holds the latch leads (Curator's `LeaderLatch`, node
-/// for node).
+/// Leader election on a lock path: Curator's `LeaderLatch`, node for node and with its
+/// lifecycle — [`start`](Self::start) once, in the election until [`close`](Self::close).
 ///
-/// [`acquire`](Self::acquire) joins the election with a node `_c_<uuid>-latch-<seq>` whose data
-/// is the participant [`id`](LeaderLatchBuilder::id), and returns once that node is the first in
-/// the queue: the returned [`LockGuard`] *is* the leadership. Its
-/// [`state`](LockGuard::state) and [`lost`](LockGuard::lost) say when leadership can no longer be
-/// trusted — before the next leader can be elected (see the README's *Leader election*); its
-/// [`fencing_token`](LockGuard::fencing_token) grows with every leadership; its
-/// [`fenced_writer`](LockGuard::fenced_writer) writes only while it leads.
-/// [`release`](LockGuard::release) (or dropping it) steps down and leaves the election.
+/// While started, the latch keeps a node `_c_<uuid>-latch-<seq>` (data: the participant
+/// [`id`](LeaderLatchBuilder::id)) in the queue; it leads while that node is the first. Each
+/// leadership is a hold of the lock — the [`LockGuard`] that [`await_leadership`](Self::await_leadership)
+/// returns — with its [`state`](LockGuard::state), [`lost`](LockGuard::lost) signal (told before
+/// the next leader can be elected: see the README's *Leader election*), a
+/// [`fencing_token`](LockGuard::fencing_token) that grows with every leadership, and a
+/// [`fenced_writer`](LockGuard::fenced_writer) that writes only while it leads.
 ///
+/// - **Stays in the election.** A lost leadership (expired session, stalled or lost connection,
+///   node deleted) is followed by a new node at the end of the queue, by itself, as Curator's
+///   `reset()`: on a [`ManagedClient`](crate::ManagedClient), on the new session once the client
+///   has one — never from a node of an earlier session. Under
+///   [`LossPolicy::SessionDeadline`](crate::LossPolicy::SessionDeadline) a brief disconnection is
+///   `Suspended`, not a loss: the latch keeps its node and its leadership, as Curator 5.4+ does with
+///   its session error policy. (Under the default policy, Curator's standard, the disconnection
+///   costs the leadership and the node: the latch queues again at the end.)
+/// - **On a plain `zookeeper_client::Client`** the latch cannot rejoin once the session expired:
+///   it *stops* — a [`LatchEvent::Stopped`] with [`Error::SessionLost`], and `await_leadership`
+///   fails with that error. Build a new client and a new latch, or use a `ManagedClient`.
+/// - **Changes are reported** to every [`subscribe`](Self::subscribe)r, in order and none skipped
+///   ([`LatchEvent`]: Curator's `isLeader` / `notLeader` listener calls), and
+///   [`has_leadership`](Self::has_leadership) says whether it leads right now.
+/// - **Waiting keeps the place.** [`await_leadership`](Self::await_leadership) (Curator's
+///   `await()`) and [`await_leadership_timeout`](Self::await_leadership_timeout) (`await(timeout)`)
+///   only watch the latch: giving up or cancelling them leaves its node where it is.
+/// - **Leaving.** [`close`](Self::close) steps down and deletes the node (cancel safe: the delete
+///   is sent before its first `.await`). Dropping the last clone of a started latch does the same in
+///   the background: nothing stays queued for longer than that delete takes.
 /// - Fair and herd-free: each participant watches only the one queued ahead of it.
-/// - Cancel safe: dropping an `acquire` future leaves the election (its node is deleted in the
-///   background, retried until it is gone or the session is dead).
-/// - On a [`ManagedClient`](crate::ManagedClient), a pending `acquire` whose session expires joins
-///   the election again on the new session by itself, at the end of the queue; it never claims
-///   leadership from a node of an earlier session. A leadership lost to an expiry is
-///   `Lost(SessionExpired)`; call `acquire` again to rejoin, or use [`LeaderSelector`], which does.
-/// - Not re-entrant: a second `acquire` while this process leads through the same latch queues
-///   behind its own leadership, like another participant.
+///
+/// The one-shot form, without `start`: [`acquire_once`](Self::acquire_once) joins, returns the
+/// leadership once elected, and leaves with that guard's release. Asking a latch that already
+/// leads to acquire is [`Error::AlreadyLeading`], never a wait behind its own node.
 ///
 /// Cheap to clone (clones are the same latch), `Send + Sync + 'static`.
 ///
 /// ```no_run
-/// # async fn demo(client: zookeeper_client::Client) -> zk_recipes::Result<()> {
-/// let latch = zk_recipes::LeaderLatch::builder(client, "/election/orders").id("host-a:4242").build()?;
-/// let leadership = latch.acquire().await?; // waits until this participant leads
-/// assert!(latch.has_leadership());
-/// tokio::select! {
-///     _ = async { /* lead: schedule jobs, fenced by leadership.fencing_token() */ } => {},
-///     reason = leadership.lost() => eprintln!("no longer the leader: {reason}"),
+/// # async fn demo(client: zk_recipes::ManagedClient) -> zk_recipes::Result<()> {
+/// let latch = zk_recipes::LeaderLatch::builder(&client, "/election/orders").id("host-a:4242").build()?;
+/// latch.start()?; // joins the election; returns at once
+/// loop {
+///     let leadership = latch.await_leadership().await?; // waits until this participant leads
+///     tokio::select! {
+///         // Loss first: once leadership is known lost, the work gets no further poll.
+///         biased;
+///         reason = leadership.lost() => eprintln!("no longer the leader: {reason}; the latch rejoins by itself"),
+///         _ = async { /* lead: schedule jobs, fenced by leadership.fencing_token() */ } => break,
+///     }
 /// }
-/// leadership.release().await?; // step down
+/// latch.close().await?; // step down and leave the election
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LeaderLatch {
+    inner: Arc<LatchHandle>,
+}
+
+impl std::fmt::Debug for LeaderLatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderLatch")
+            .field("path", &self.path())
+            .field("phase", &lock(&self.inner.election.state).phase)
+            .field("has_leadership", &self.has_leadership())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The latch as its clones share it: dropped with the last clone, which ends a started latch's
+/// election (the task holds only the [`Election`], so it cannot keep itself alive).
+struct LatchHandle {
+    election: Arc<Election>,
+    /// One `close` at a time: a concurrent `close` returns once the first one's work is done.
+    closing: tokio::sync::Mutex<()>,
+}
+
+/// What the election task shares with the latch.
+struct Election {
     lock: InterProcessMutex,
+    state: Mutex<LatchState>,
+    /// Bumped after every change of `state` (wakes `await_leadership`).
+    changed: watch::Sender<u64>,
+}
+
+struct LatchState {
+    phase: Phase,
+    /// The latch's own guard of its current leadership (a started latch's); what
+    /// `await_leadership` hands out more guards of.
+    leadership: Option<LockGuard>,
+    listeners: Vec<mpsc::UnboundedSender<LatchEvent>>,
+    /// The election task of a started latch.
+    task: Option<JoinHandle<()>>,
+}
+
+/// Curator's `LeaderLatch.State` (`LATENT`, `STARTED`, `CLOSED`), and stopped: started on a
+/// session that ended for good.
+#[derive(Clone, Debug)]
+enum Phase {
+    Latent,
+    Started,
+    Stopped(Error),
+    Closed,
+}
+
+impl LatchState {
+    /// Tells every listener, forgetting those that went away.
+    fn emit(&mut self, event: &LatchEvent) {
+        self.listeners.retain(|listener| listener.send(event.clone()).is_ok());
+    }
+}
+
+impl Election {
+    /// Changes the state under its lock, then wakes whoever awaits a change.
+    fn update<T>(&self, change: impl FnOnce(&mut LatchState) -> T) -> T {
+        let output = change(&mut lock(&self.state));
+        self.changed.send_modify(|version| *version = version.wrapping_add(1));
+        output
+    }
+}
+
+/// A change of a [`LeaderLatch`]'s leadership, as [`LeaderLatch::subscribe`] reports it: Curator's
+/// `LeaderLatchListener` calls (`isLeader`, `notLeader`), and the end of a latch that cannot
+/// rejoin.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum LatchEvent {
+    /// This latch leads (Curator's `isLeader()`): a new leadership, a new hold.
+    Elected {
+        /// The leadership's fencing token (larger than every earlier leader's).
+        fencing_token: FencingToken,
+        /// Full path of the latch's node.
+        lock_path: String,
+        /// The leadership's loss signal: resolves when it is lost, before anyone else can be
+        /// elected (it keeps no node; [`LeaderLatch::await_leadership`] gives the full guard).
+        loss: LossSignal,
+    },
+    /// The leadership ended (Curator's `notLeader()`): lost for `reason`, or
+    /// [`LossReason::LatchClosed`] when the latch was closed. A started latch queues again by
+    /// itself after a loss.
+    NotLeader {
+        /// Why.
+        reason: LossReason,
+    },
+    /// The latch left the election for good and cannot rejoin: its plain client's session ended
+    /// ([`Error::SessionLost`]), its `ManagedClient` was closed ([`Error::Closed`]) or gave up, or
+    /// the server refuses its node (an ACL). The last event.
+    Stopped {
+        /// Why; also what [`LeaderLatch::await_leadership`] returns from now on.
+        error: Error,
+    },
+}
+
+/// The leadership changes of a [`LeaderLatch`], in order: see [`LeaderLatch::subscribe`].
+#[derive(Debug)]
+pub struct LatchEvents {
+    events: mpsc::UnboundedReceiver<LatchEvent>,
+}
+
+impl LatchEvents {
+    /// The next change; `None` once the latch is closed, stopped or dropped and every earlier
+    /// event was taken. Cancel safe (no event is lost).
+    pub async fn next(&mut self) -> Option<LatchEvent> {
+        self.events.recv().await
+    }
+
+    /// The next change if one is waiting, without waiting.
+    pub fn try_next(&mut self) -> Option<LatchEvent> {
+        self.events.try_recv().ok()
+    }
 }
 
 /// Builds a [`LeaderLatch`] with options: the participant [`id`](Self::id), and every option of
@@ -97,13 +240,17 @@ impl LockBuilder<LeaderLatch> {
     }
 
     /// Validates the path and the sizes (as [`MutexBuilder::build`](crate::MutexBuilder::build))
-    /// and builds the latch. Nothing is sent to ZooKeeper until the first acquire.
+    /// and builds the latch, not started. Nothing is sent to ZooKeeper until
+    /// [`start`](LeaderLatch::start) (or a one-shot acquire).
     ///
     /// # Errors
     /// As [`MutexBuilder::build`](crate::MutexBuilder::build).
     pub fn build(self) -> Result<LeaderLatch> {
         let internals = Arc::new(self.internals(LATCH_LOCK_NAME)?);
-        Ok(LeaderLatch { lock: InterProcessMutex::of_kind(internals, Holds::new(LEADER_LATCH), &LATCH_DRIVER, None) })
+        let lock = InterProcessMutex::of_kind(internals, Holds::new(LEADER_LATCH), &LATCH_DRIVER, None);
+        let state = LatchState { phase: Phase::Latent, leadership: None, listeners: Vec::new(), task: None };
+        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: watch::Sender::new(0) });
+        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closing: tokio::sync::Mutex::new(()) }) })
     }
 }
 
@@ -126,18 +273,230 @@ impl LeaderLatch {
 
     /// The election path.
     pub fn path(&self) -> &str {
-        self.lock.path()
+        self.lock().path()
     }
 
-    /// Joins the election and waits until this participant leads; the guard is the leadership.
-    /// Keeps waiting across disconnections; on a `ManagedClient`, across session expiries.
-    ///
-    /// Cancel safe: dropping the future leaves the election.
+    fn lock(&self) -> &InterProcessMutex {
+        &self.inner.election.lock
+    }
+
+    fn state_error(&self, reason: &'static str) -> Error {
+        Error::LatchState { path: self.path().to_owned(), reason }
+    }
+
+    /// Joins the election (Curator's `start()`): returns at once; a task of the latch queues its
+    /// node, and from then on keeps it in the election — after each lost leadership it queues a
+    /// new node at the end, on a `ManagedClient`'s new session after an expiry — until
+    /// [`close`](Self::close) or the last clone is dropped. Watch it with
+    /// [`await_leadership`](Self::await_leadership), [`subscribe`](Self::subscribe) and
+    /// [`has_leadership`](Self::has_leadership).
     ///
     /// # Errors
-    /// As [`InterProcessMutex::acquire`].
-    pub async fn acquire(&self) -> Result<LockGuard> {
-        self.lock.acquire().await.inspect(|leadership| self.elected(leadership))
+    /// [`Error::LatchState`] if the latch was started before (a latch starts once, as Curator's),
+    /// or while a one-shot leadership of it ([`acquire_once`](Self::acquire_once)) is held;
+    /// [`Error::Runtime`] outside a tokio runtime with timers.
+    pub fn start(&self) -> Result<()> {
+        check_runtime()?;
+        let election = &self.inner.election;
+        let started = election.update(|state| {
+            if !matches!(state.phase, Phase::Latent) {
+                return Err(self.state_error("a LeaderLatch is started once (as Curator's); build a new one"));
+            }
+            if election.lock.is_acquired_in_this_process() {
+                return Err(self.state_error("a one-shot leadership of this latch is still held; release it first"));
+            }
+            state.phase = Phase::Started;
+            let span = info_span!("leader_latch", election = %self.path());
+            state.task = Some(tokio::spawn(elect(election.clone()).instrument(span)));
+            Ok(())
+        });
+        if started.is_ok() {
+            info!(election = self.path(), "leader latch started");
+        }
+        started
+    }
+
+    /// Waits until this started latch leads (Curator's `await()`), and returns a guard of the
+    /// leadership: at once if it leads now. The guard is one more guard of the latch's hold:
+    /// dropping or releasing it does not step down (the latch leads until the leadership is lost
+    /// or the latch is closed; [`close`](Self::close) tells it `Lost(LatchClosed)`).
+    ///
+    /// Cancel safe, and waiting keeps the latch's place in the queue: the latch's own task holds
+    /// the node, this future only watches.
+    ///
+    /// # Errors
+    /// [`Error::LatchState`] if the latch is not started or is closed (also when it is closed
+    /// while waiting); the error that stopped it ([`Error::SessionLost`] for a plain client's
+    /// expired session, see [`LatchEvent::Stopped`]).
+    pub async fn await_leadership(&self) -> Result<LockGuard> {
+        let election = &self.inner.election;
+        let mut changed = election.changed.subscribe();
+        loop {
+            {
+                let state = lock(&election.state);
+                match &state.phase {
+                    Phase::Latent => return Err(self.state_error("not started: call start() first")),
+                    Phase::Closed => return Err(self.state_error("closed: it left the election")),
+                    Phase::Stopped(err) => return Err(err.clone()),
+                    Phase::Started => {},
+                }
+                // `None` once the leadership is lost, before the task takes it away.
+                if let Some(leadership) = state.leadership.as_ref().and_then(LockGuard::another) {
+                    return Ok(leadership);
+                }
+            }
+            // The state is changed before the version is bumped: nothing is missed in between.
+            if changed.changed().await.is_err() {
+                return Err(self.state_error("closed: it left the election"));
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for leadership (Curator's `await(timeout)`); `Ok(None)` if this
+    /// latch does not lead by then. The latch stays in the election, in its place.
+    ///
+    /// Cancel safe, like [`await_leadership`](Self::await_leadership).
+    ///
+    /// # Errors
+    /// As [`await_leadership`](Self::await_leadership); [`Error::Runtime`] on a runtime without
+    /// timers.
+    pub async fn await_leadership_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        check_runtime()?;
+        match tokio::time::timeout(timeout, self.await_leadership()).await {
+            Ok(leadership) => leadership.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The latch's leadership changes from now on, in order, none skipped (a channel per
+    /// subscriber: drop it to unsubscribe). Starts with [`LatchEvent::Elected`] if the latch leads
+    /// now; ends (`None`) when the latch is closed or dropped, after [`LatchEvent::Stopped`] when
+    /// it stops. Reports a started latch's leaderships only (not one-shot acquires).
+    pub fn subscribe(&self) -> LatchEvents {
+        let (sender, events) = mpsc::unbounded_channel();
+        let mut state = lock(&self.inner.election.state);
+        match &state.phase {
+            Phase::Latent | Phase::Started => {
+                if let Some(leadership) = &state.leadership {
+                    let _ = sender.send(elected(leadership));
+                }
+                state.listeners.push(sender);
+            },
+            Phase::Stopped(error) => {
+                let _ = sender.send(LatchEvent::Stopped { error: error.clone() });
+            },
+            Phase::Closed => {},
+        }
+        LatchEvents { events }
+    }
+
+    /// Leaves the election (Curator's `close()`): steps down if leading — every guard of the
+    /// leadership still alive reads `Lost(LatchClosed)` *before* the node's delete is sent —,
+    /// stops the latch's task (a queued node's delete is sent too), tells subscribers
+    /// `NotLeader(LatchClosed)` and ends their streams, and returns once ZooKeeper confirmed the
+    /// deletes. A closed latch stays closed: [`start`](Self::start) fails. Closing a latch that
+    /// is not started ends its one-shot leadership, if any. Concurrent calls all return once the
+    /// first one's work is done; later calls return `Ok` at once.
+    ///
+    /// Cancel safe: everything that leaves the election happens before the first `.await`; a
+    /// dropped `close` only stops waiting for ZooKeeper's confirmation (the deletes go on in the
+    /// background, retried until the nodes are gone or the session is dead).
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`] for the delete of the leadership's node, and the errors of a
+    /// listing of the election path ([`Error::ZooKeeper`], [`Error::NoAuth`]) with which the delete
+    /// of a queued node is confirmed. A dead session is no error: its nodes are gone with it.
+    pub async fn close(&self) -> Result<()> {
+        let _one_at_a_time = self.inner.closing.lock().await;
+        let election = &self.inner.election;
+        let (task, leadership, queued) = election.update(|state| {
+            if matches!(std::mem::replace(&mut state.phase, Phase::Closed), Phase::Closed) {
+                return (None, None, false);
+            }
+            if state.leadership.is_some() {
+                state.emit(&LatchEvent::NotLeader { reason: LossReason::LatchClosed });
+            }
+            state.listeners.clear();
+            let task = state.task.take();
+            let queued = task.is_some() && state.leadership.is_none();
+            (task, state.leadership.take(), queued)
+        });
+        if let Some(task) = &task {
+            task.abort();
+        }
+        // Every hold of the latch ends now, guards handed out or not; their deletes are sent.
+        let ended = election.lock.holds().end_all(LossReason::LatchClosed);
+        drop(leadership);
+        if task.is_some() {
+            info!(election = self.path(), "leader latch closed");
+        }
+        if let Some(task) = task {
+            // Once the task's future is dropped, a queued node's delete has been sent.
+            let _ = task.await;
+        }
+        ended.confirmed().await?;
+        if queued {
+            // Answered after that delete (a session's requests are answered in order).
+            match election.lock.round_trip().await {
+                Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => {},
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// One-shot election, without [`start`](Self::start): joins the election and waits until this
+    /// participant leads; the guard is the leadership, and releasing (or dropping) it steps down
+    /// and leaves the election. Keeps waiting across disconnections; on a `ManagedClient`, across
+    /// session expiries (queued again on the new session). A leadership lost is not rejoined:
+    /// call again, or use `start`.
+    ///
+    /// Cancel safe: dropping the future leaves the election (its node is deleted in the
+    /// background, retried until it is gone or the session is dead).
+    ///
+    /// # Errors
+    /// [`Error::AlreadyLeading`] if this latch (or a clone) leads now: the acquire would wait
+    /// behind its own node. [`Error::LatchState`] on a started or closed latch. Otherwise as
+    /// [`InterProcessMutex::acquire`].
+    pub async fn acquire_once(&self) -> Result<LockGuard> {
+        self.one_shot()?;
+        self.lock().acquire().await.inspect(|leadership| self.elected(leadership))
+    }
+
+    /// One-shot: leads if nobody else leads or waits ahead right now; `Ok(None)` otherwise (and
+    /// while the connection is down), leaving the election at once.
+    ///
+    /// # Errors
+    /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::try_acquire`].
+    pub async fn try_acquire_once(&self) -> Result<Option<LockGuard>> {
+        self.one_shot()?;
+        self.lock().try_acquire().await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
+    }
+
+    /// One-shot: waits at most `timeout` for leadership; `Ok(None)` if not elected in time (the
+    /// election is then left — a started latch's [`await_leadership_timeout`](Self::await_leadership_timeout)
+    /// keeps its place instead).
+    ///
+    /// # Errors
+    /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::acquire_timeout`].
+    pub async fn acquire_once_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        self.one_shot()?;
+        self.lock().acquire_timeout(timeout).await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
+    }
+
+    /// Whether a one-shot acquire may start: a latent latch that does not lead.
+    fn one_shot(&self) -> Result<()> {
+        match lock(&self.inner.election.state).phase {
+            Phase::Latent => {},
+            Phase::Started | Phase::Stopped(_) => {
+                return Err(self.state_error("started: it is in the election until close(); use await_leadership()"))
+            },
+            Phase::Closed => return Err(self.state_error("closed: it left the election")),
+        }
+        if self.has_leadership() {
+            return Err(Error::AlreadyLeading { path: self.path().to_owned() });
+        }
+        Ok(())
     }
 
     /// The tracing event of a leadership taken.
@@ -145,29 +504,11 @@ impl LeaderLatch {
         info!(election = self.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
     }
 
-    /// Leads if nobody else leads or waits ahead right now; `Ok(None)` otherwise (and while the
-    /// connection is down), leaving the election at once.
-    ///
-    /// # Errors
-    /// As [`InterProcessMutex::try_acquire`].
-    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.lock.try_acquire().await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
-    }
-
-    /// Waits at most `timeout` for leadership; `Ok(None)` if not elected in time (the election
-    /// is then left).
-    ///
-    /// # Errors
-    /// As [`InterProcessMutex::acquire_timeout`].
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.lock.acquire_timeout(timeout).await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
-    }
-
-    /// Whether this process leads through this latch (or a clone) right now: a leadership guard
-    /// is alive and not [`Lost`](crate::LockState::Lost) (re-evaluated now, so a lost leadership
-    /// says `false` from the moment it is lost, also while its guard is still held).
+    /// Whether this process leads through this latch (or a clone) right now: a leadership is
+    /// held and not [`Lost`](crate::LockState::Lost) (re-evaluated now, so a lost leadership
+    /// says `false` from the moment it is lost, also while a guard of it is still held).
     pub fn has_leadership(&self) -> bool {
-        self.lock.holds().any_not_lost()
+        self.lock().holds().any_not_lost()
     }
 
     /// The current leader: the first participant in the queue, with its id
@@ -176,7 +517,7 @@ impl LeaderLatch {
     /// # Errors
     /// As [`participants`](Self::participants).
     pub async fn leader(&self) -> Result<Option<Participant>> {
-        leader_of(&self.lock).await
+        leader_of(self.lock()).await
     }
 
     /// Every participant in queue order, the leader first.
@@ -184,7 +525,94 @@ impl LeaderLatch {
     /// # Errors
     /// As [`InterProcessMutex::participants`].
     pub async fn participants(&self) -> Result<Vec<Participant>> {
-        self.lock.participants().await
+        self.lock().participants().await
+    }
+}
+
+impl Drop for LatchHandle {
+    /// The last clone of the latch is gone: a started latch leaves the election in the background
+    /// (its task is stopped, which deletes a queued node; its leadership's node is deleted).
+    fn drop(&mut self) {
+        let (task, leadership, started) = {
+            let mut state = lock(&self.election.state);
+            let started = matches!(state.phase, Phase::Started);
+            if started {
+                state.phase = Phase::Closed;
+            }
+            state.listeners.clear();
+            (state.task.take(), state.leadership.take(), started)
+        };
+        if let Some(task) = task {
+            task.abort();
+        }
+        if started {
+            drop(self.election.lock.holds().end_all(LossReason::LatchClosed));
+        }
+        drop(leadership);
+    }
+}
+
+/// The event of a leadership taken.
+fn elected(leadership: &LockGuard) -> LatchEvent {
+    LatchEvent::Elected {
+        fencing_token: leadership.fencing_token(),
+        lock_path: leadership.lock_path().to_owned(),
+        loss: leadership.loss_signal(),
+    }
+}
+
+/// A started latch's election, for as long as it is started: queue, lead until the leadership is
+/// lost, queue again (Curator's `reset()` after a loss).
+///
+/// Holds the [`Election`], never the latch: the latch's last clone going stops it (aborted at
+/// its next `.await`; dropping the acquire in progress deletes its node, as any cancelled
+/// acquire).
+async fn elect(election: Arc<Election>) {
+    let path = election.lock.path().to_owned();
+    loop {
+        let leadership = match election.lock.acquire().await {
+            Ok(leadership) => leadership,
+            Err(err) if retry_may_fix(&err) => {
+                warn!(election = path, %err, "leader latch: acquire failed; queueing again");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            },
+            Err(error) => {
+                warn!(election = path, %error, "leader latch stopped: it cannot rejoin the election");
+                election.update(|state| {
+                    if matches!(state.phase, Phase::Started) {
+                        state.phase = Phase::Stopped(error.clone());
+                    }
+                    state.emit(&LatchEvent::Stopped { error });
+                    state.listeners.clear();
+                });
+                return;
+            },
+        };
+        info!(election = path, node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
+        let signal = leadership.loss_signal();
+        let event = elected(&leadership);
+        let kept = election.update(|state| {
+            if !matches!(state.phase, Phase::Started) {
+                // Closed while the grant came in: step down at once.
+                return Err(leadership);
+            }
+            state.emit(&event);
+            state.leadership = Some(leadership);
+            Ok(())
+        });
+        if let Err(leadership) = kept {
+            drop(leadership);
+            return;
+        }
+        let reason = signal.lost().await;
+        warn!(election = path, %reason, "leadership lost; queueing again");
+        let lost = election.update(|state| {
+            state.emit(&LatchEvent::NotLeader { reason });
+            state.leadership.take()
+        });
+        // Its node was deleted with the loss (or with the session); released here all the same.
+        drop(lost);
     }
 }
 
@@ -307,14 +735,36 @@ impl LeaderSelector {
             let kept = leadership.another();
             let (node, token) = (leadership.lock_path().to_owned(), leadership.fencing_token());
             info!(election = self.path(), node, fencing_token = %token, "leadership taken");
-            let leading = lead(leadership);
-            tokio::select! {
-                // Checked first: a lost leadership never gets one more poll of the leader.
-                biased;
-                reason = signal.lost() => {
-                    warn!(election = self.path(), node, %reason, "leadership lost; the leader's future is dropped");
+            let stepped_down = {
+                let leading = lead(leadership);
+                let lost = signal.lost();
+                tokio::pin!(leading, lost);
+                // Loss wins a race with work: the leader's future is polled only while the leadership
+                // is not known lost, checked anew before *every* poll. Polling `lost()` first
+                // (`biased`) is not enough: it is woken by the session monitor, which re-evaluates the
+                // loss deadline on its own timer. After a freeze (SIGSTOP, a long GC pause, a blocked
+                // runtime thread) the leader's timer and the monitor's fire together, and the task
+                // polled first wins: were it this one, the loss would not have been told yet and the
+                // leader would run one more step after its loss deadline — possibly beside the next
+                // leader. `reason()` re-evaluates the hold against the clock now (the deadline passed
+                // is a loss at once), so the future is dropped before that step.
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+                        return Poll::Ready(Err(reason));
+                    }
+                    if let Some(reason) = signal.reason() {
+                        return Poll::Ready(Err(reason));
+                    }
+                    leading.as_mut().poll(cx).map(Ok)
+                })
+                .await
+                // The leader's future is dropped here, before its guard below.
+            };
+            match stepped_down {
+                Ok(()) => info!(election = self.path(), node, "stepped down"),
+                Err(reason) => {
+                    warn!(election = self.path(), node, %reason, "leadership lost; the leader's future is dropped")
                 },
-                () = leading => info!(election = self.path(), node, "stepped down"),
             }
             drop(kept);
         }

@@ -414,6 +414,12 @@ impl InterProcessMutex {
         Ok(participants)
     }
 
+    /// One round trip on the current session (a listing of the lock path): answered after
+    /// every request sent on the session before it, such as the delete of an abandoned node.
+    pub(crate) async fn round_trip(&self) -> Result<()> {
+        self.inner.internals.sorted_children(self.inner.driver.queue()).await.map(drop)
+    }
+
     /// The holds of this lock in this process.
     pub(crate) fn holds(&self) -> &Holds {
         &self.inner.holds

@@ -701,6 +701,21 @@ impl Session {
         }
     }
 
+    /// The owner ends the hold while guards of it may still be alive (a closed
+    /// [`LeaderLatch`](crate::LeaderLatch)): released like [`release`](Self::release), and told
+    /// `Lost(reason)` — *before* its node's delete is sent, so no guard reads `Held` once the node
+    /// may be gone. Not counted as a loss (metrics, `lock lost` log): the owner chose it.
+    pub(crate) fn relinquish(&self, feed: &HoldFeed, reason: LossReason) {
+        self.release(feed);
+        {
+            let mut current = lock(&feed.state);
+            if !matches!(*current, LockState::Lost(_)) {
+                *current = LockState::Lost(reason);
+            }
+        }
+        feed.changed.notify_waiters();
+    }
+
     /// Marks the monitor running; returns what the caller must spawn, after releasing `inner`
     /// (a task dropped at once by a runtime shutting down would take `inner` in its drop).
     #[must_use]

@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use zk_recipes::{FencedWriteError, LockGuard, LossReason};
+use zk_recipes::{FencedWriteError, FencingToken, LockGuard, LossReason};
 use zookeeper_client as zk;
 
 /// One hold, as its holder saw it.
@@ -92,19 +92,19 @@ impl History {
 
     /// Records a grant; returns the hold's index.
     pub fn granted(&self, who: &str, guard: &LockGuard) -> usize {
+        self.elected(who, guard.lock_path(), guard.fencing_token())
+    }
+
+    /// Records a grant reported by its node and fencing token (a `LeaderLatch`'s
+    /// `LatchEvent::Elected`); returns the hold's index.
+    pub fn elected(&self, who: &str, lock_path: &str, token: FencingToken) -> usize {
         assert!(
-            guard.lock_path().starts_with(&format!("{}/", self.path)),
-            "{} is not a hold of {}: one History per lock path",
-            guard.lock_path(),
+            lock_path.starts_with(&format!("{}/", self.path)),
+            "{lock_path} is not a hold of {}: one History per lock path",
             self.path
         );
         let mut holds = self.holds.lock().unwrap();
-        holds.push(HoldRecord {
-            who: who.to_owned(),
-            token: guard.fencing_token().as_i64(),
-            granted: Instant::now(),
-            ended: None,
-        });
+        holds.push(HoldRecord { who: who.to_owned(), token: token.as_i64(), granted: Instant::now(), ended: None });
         holds.len() - 1
     }
 

@@ -417,31 +417,58 @@ async fn lead(args: &LeaderArgs, zk: &ManagedClient, signals: &mut Signals) -> R
     warn_kill_after(&args.connection, &args.job);
     let path = &args.job.lock_path;
     let id = args.job.data.clone().unwrap_or_else(default_node_data);
-    let latch = LeaderLatch::builder(zk, path.as_str()).id(id).build().map_err(Failure::from_lock)?;
+    loop {
+        // A started latch per turn: it stays in the election — rejoining by itself after a lost
+        // leadership, on the new session after an expiry — until the turn ends, and its close
+        // deletes its node before we go on (or exit).
+        let latch = LeaderLatch::builder(zk, path.as_str()).id(id.clone()).build().map_err(Failure::from_lock)?;
+        latch.start().map_err(Failure::from_lock)?;
+        let turn = serve(args, &latch, signals).await;
+        step_down(&latch, &args.connection).await;
+        match turn? {
+            Turn::Exit(code) => return Ok(code),
+            Turn::Restart => {},
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.restart_delay) => {},
+            signal = signals.recv() => return Ok(128 + signal as u8),
+        }
+    }
+}
+
+/// How a turn in the election ended.
+enum Turn {
+    /// Exit with this status (asked to stop).
+    Exit(u8),
+    /// The command exited by itself while leading: step down, join again after the restart delay.
+    Restart,
+}
+
+/// One turn of `leader` on a started latch: runs the command whenever the latch leads, until it
+/// exits by itself or we are asked to stop.
+async fn serve(args: &LeaderArgs, latch: &LeaderLatch, signals: &mut Signals) -> Result<Turn, Failure> {
+    let path = &args.job.lock_path;
     loop {
         let leadership = tokio::select! {
-            elected = latch.acquire() => elected.map_err(Failure::from_lock)?,
-            signal = signals.recv() => {
-                wait_until_gone(|| latch.participants(), zk).await;
-                return Ok(128 + signal as u8);
-            },
+            elected = latch.await_leadership() => elected.map_err(Failure::from_lock)?,
+            signal = signals.recv() => return Ok(Turn::Exit(128 + signal as u8)),
         };
         eprintln!("zklock: leading {path} (fencing token {}); starting the command", leadership.fencing_token());
         signals.stop_requested = false;
         let ended = match supervise(&args.connection, &args.job, leadership, signals).await {
             Ok(ended) => ended,
             Err(failure) if failure.code == exit::LOST => {
-                eprintln!("zklock: {}; joining the election again", failure.message);
+                eprintln!("zklock: {}; the latch rejoins the election", failure.message);
                 continue;
             },
             Err(failure) => return Err(failure),
         };
         let code = match ended {
             // Asked to stop (systemd, Ctrl-C): leave, with the command's status.
-            Ended::Exited(code) | Ended::Signalled(code) if signals.stop_requested => return Ok(code),
-            Ended::Lost if signals.stop_requested => return Ok(exit::LOST),
+            Ended::Exited(code) | Ended::Signalled(code) if signals.stop_requested => return Ok(Turn::Exit(code)),
+            Ended::Lost if signals.stop_requested => return Ok(Turn::Exit(exit::LOST)),
             Ended::Lost => {
-                eprintln!("zklock: leadership of {path} lost; the command was stopped; joining the election again");
+                eprintln!("zklock: leadership of {path} lost; the command was stopped; the latch rejoins the election");
                 continue;
             },
             Ended::Exited(code) | Ended::Signalled(code) => code,
@@ -450,10 +477,18 @@ async fn lead(args: &LeaderArgs, zk: &ManagedClient, signals: &mut Signals) -> R
             "zklock: the command exited ({code}) while leading {path}; stepped down, joining the election again in {:?}",
             args.restart_delay
         );
-        tokio::select! {
-            () = tokio::time::sleep(args.restart_delay) => {},
-            signal = signals.recv() => return Ok(128 + signal as u8),
-        }
+        return Ok(Turn::Restart);
+    }
+}
+
+/// Closes the latch — steps down, its node deleted — waiting for ZooKeeper's confirmation at
+/// most `min(T, 5 s)`: beyond that ZooKeeper removes the node with the session.
+async fn step_down(latch: &LeaderLatch, connection: &Connection) {
+    let bound = connection.session_timeout.min(Duration::from_secs(5));
+    match tokio::time::timeout(bound, latch.close()).await {
+        Ok(Ok(())) => {},
+        Ok(Err(err)) => eprintln!("zklock: leaving the election: {err}"),
+        Err(_) => eprintln!("zklock: leaving the election timed out; ZooKeeper removes our node with the session"),
     }
 }
 
