@@ -101,3 +101,24 @@ async fn every_close_returns_after_the_work_is_done() {
     drop(held);
     assert_no_nodes_left(&admin, &path).await;
 }
+
+/// The runtime the first close() ran on shuts down before the close work finished (its task is
+/// dropped); a later close() from another runtime returns `Err(Closed)` at once, never waits for ever.
+#[test]
+fn a_close_after_the_close_work_was_dropped_returns() {
+    let main = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let connect = main.block_on(async { zookeeper().await.connect_string().to_owned() });
+    let a = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let zk = a.block_on(async {
+        let zk = ManagedClient::builder(connect).session_timeout(Duration::from_secs(6)).connect().await.unwrap();
+        let mut first = Box::pin(zk.close());
+        let ready = std::future::poll_fn(|cx| std::task::Poll::Ready(first.as_mut().poll(cx).is_ready())).await;
+        assert!(!ready);
+        drop(first);
+        zk
+    });
+    drop(a); // the service's runtime shuts down: the spawned close work is dropped unrun
+    let second = main.block_on(async { tokio::time::timeout(Duration::from_secs(20), zk.close()).await });
+    eprintln!("second close after the work was dropped: {second:?}");
+    assert!(second.is_ok(), "close() still waiting after 20 s");
+}

@@ -23,7 +23,6 @@ use tracing::{info_span, Instrument};
 
 use crate::engine::{Grant, LockNode};
 use crate::error::{Error, Result};
-use crate::hold::scope::Owner;
 use crate::metrics;
 use crate::session::client::SessionContext;
 use crate::session::monitor::HoldFeed;
@@ -300,4 +299,26 @@ pub(crate) fn release_span(hold: &Hold) -> tracing::Span {
 /// Awaits `ended` in the release span of `hold`.
 pub(crate) async fn confirm(hold: &Hold, ended: Ended) -> Result<()> {
     ended.confirmed().instrument(release_span(hold)).await
+}
+
+/// Who runs an acquire: the tokio task polling it, or — outside any task (`Runtime::block_on`)
+/// — the thread (a future given to `block_on` is polled on that thread only). Recorded in each
+/// hold, so that a read acquire by the task that holds the write lock outside a scope can be
+/// refused instead of waiting for itself
+/// ([`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock), *Downgrade*). Futures one
+/// task polls at once (`join!`, `select!`) are one owner, as in a lock scope ([`with_lock`](crate::InterProcessMutex::with_lock)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owner {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Owner {
+    /// The owner of the code running now.
+    pub(crate) fn current() -> Owner {
+        match tokio::task::try_id() {
+            Some(task) => Owner::Task(task),
+            None => Owner::Thread(std::thread::current().id()),
+        }
+    }
 }

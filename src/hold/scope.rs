@@ -102,25 +102,3 @@ pub(crate) fn scope_hold(holds: &Arc<Holds>) -> Option<Arc<Hold>> {
         .ok()
         .flatten()
 }
-
-/// Who runs an acquire: the tokio task polling it, or — outside any task (`Runtime::block_on`)
-/// — the thread (a future given to `block_on` is polled on that thread only). Recorded in each
-/// hold, so that a read acquire by the task that holds the write lock outside a scope can be
-/// refused instead of waiting for itself
-/// ([`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock), *Downgrade*). Futures one
-/// task polls at once (`join!`, `select!`) are one owner, as in [`Scope`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Owner {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
-}
-
-impl Owner {
-    /// The owner of the code running now.
-    pub(crate) fn current() -> Owner {
-        match tokio::task::try_id() {
-            Some(task) => Owner::Task(task),
-            None => Owner::Thread(std::thread::current().id()),
-        }
-    }
-}

@@ -661,16 +661,30 @@ impl ManagedClient {
             self.inner.publish(ConnectionState::Closed);
             // The work runs to its end whoever waits for it: every `close()` waits for its
             // outcome, and none can cancel it.
-            let managed = self.inner.clone();
+            // Should the task never finish (its runtime shuts down, a panic), the guard records
+            // that as the outcome: no `close()` waits for ever.
+            struct Outcome(Arc<Managed>, Option<Result<()>>);
+            impl Drop for Outcome {
+                fn drop(&mut self) {
+                    let result = self.1.take().unwrap_or_else(|| Err(Error::Closed { path: "/".to_owned() }));
+                    self.0.close_outcome.send_replace(Some(result));
+                }
+            }
+            impl Outcome {
+                fn set(mut self, result: Result<()>) {
+                    self.1 = Some(result);
+                }
+            }
+            let outcome_guard = Outcome(self.inner.clone(), None);
             tokio::spawn(async move {
-                let result = managed.close_session().await;
-                managed.close_outcome.send_replace(Some(result));
+                let result = outcome_guard.0.close_session().await;
+                outcome_guard.set(result);
             });
         }
         let done = outcome.wait_for(Option::is_some).await;
         match done.as_deref() {
             Ok(Some(result)) => result.clone(),
-            // The managed client went away with the work (its runtime shut down).
+            // Unreachable: the outcome is set before its sender (in `Managed`) can go.
             _ => Err(Error::Closed { path: "/".to_owned() }),
         }
     }
