@@ -260,6 +260,12 @@ impl LockInternals {
         }
     }
 
+    /// Resolves once every abandoned attempt's node on the current session is deleted (or the
+    /// session is dead): their deletion by GUID runs in the background (`Cleanup::searches_done`).
+    pub(crate) async fn settled(&self) {
+        self.context().cleanup.searches_done().await;
+    }
+
     /// Lists the lock nodes of `queue` in the directory in queue order (on the current session).
     pub(crate) async fn sorted_children(&self, queue: Queue) -> Result<Vec<LockChild>> {
         let context = self.context();

@@ -436,7 +436,9 @@ impl LeaderLatch {
         }
         ended.confirmed().await?;
         if queued {
-            // Answered after that delete (a session's requests are answered in order).
+            // A node whose create reply had not come is deleted by its GUID in the background:
+            // waited for. Then a round trip, answered after any delete of a known path (a
+            // session's requests are answered in order).
             match election.lock.round_trip().await {
                 Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => {},
                 Err(err) => return Err(err),

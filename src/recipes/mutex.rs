@@ -414,9 +414,12 @@ impl InterProcessMutex {
         Ok(participants)
     }
 
-    /// One round trip on the current session (a listing of the lock path): answered after
-    /// every request sent on the session before it, such as the delete of an abandoned node.
+    /// Waits for the background deletions by GUID of abandoned attempts (whose create reply never
+    /// came), then one round trip on the current session (a listing of the lock path): answered
+    /// after every request sent on the session before it, such as the delete of an abandoned node
+    /// whose path was known.
     pub(crate) async fn round_trip(&self) -> Result<()> {
+        self.inner.internals.settled().await;
         self.inner.internals.sorted_children(self.inner.driver.queue()).await.map(drop)
     }
 

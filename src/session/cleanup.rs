@@ -45,6 +45,19 @@ impl Target {
 pub(crate) struct Cleanup {
     client: zk::Client,
     runtime: Arc<OnceLock<Handle>>,
+    /// How many deletions by GUID (abandoned attempts whose create reply never came) run: their
+    /// first request is sent only by their task, so nothing the caller sends after starting one
+    /// is ordered after its delete. [`searches_done`](Self::searches_done) waits for them.
+    searches: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// Counts a deletion by GUID for as long as its task lives (also one dropped unrun).
+struct Search(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for Search {
+    fn drop(&mut self) {
+        self.0.send_modify(|running| *running -= 1);
+    }
 }
 
 impl Cleanup {
@@ -54,7 +67,13 @@ impl Cleanup {
         if let Ok(handle) = Handle::try_current() {
             let _ = runtime.set(handle);
         }
-        Cleanup { client, runtime }
+        Cleanup { client, runtime, searches: Arc::new(tokio::sync::watch::Sender::new(0)) }
+    }
+
+    /// Resolves once no deletion by GUID started through this cleanup (or a clone) runs: every
+    /// node of an abandoned attempt is deleted then, or its session is dead. Cancel safe.
+    pub(crate) async fn searches_done(&self) {
+        let _ = self.searches.subscribe().wait_for(|running| *running == 0).await;
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
@@ -101,11 +120,15 @@ impl Cleanup {
             return None;
         };
         let client = self.client.clone();
-        let first = match &target {
-            Target::Path(path) => Some(client.delete(path, None)),
-            Target::Protected { .. } => None,
+        let (first, search) = match &target {
+            Target::Path(path) => (Some(client.delete(path, None)), None),
+            Target::Protected { .. } => {
+                self.searches.send_modify(|running| *running += 1);
+                (None, Some(Search(self.searches.clone())))
+            },
         };
         Some(handle.spawn(async move {
+            let _search = search;
             let result = delete_until_gone(client, target, first).await;
             if let (Ok(()), Some(gone)) = (&result, gone) {
                 gone();

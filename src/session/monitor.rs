@@ -77,7 +77,8 @@
 //! `tests/ensemble.rs`), where the connection looks healthy throughout. Heartbeat rounds are sent
 //! `G` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
 //! deadline sits about `0.58 T` after the latest send, and a heartbeat must be late by about
-//! `0.33 T` before a healthy session is declared lost (`0.36 T` less the `W` of *Busy sessions*). The monitor keeps heartbeating for T after
+//! `0.33 T` before a healthy session is declared lost (`0.36 T` less the `W` a round may be
+//! paced late by, *Busy sessions*). The monitor keeps heartbeating for T after
 //! the session's last acquire or hold, so a session in use always has evidence. A round that is
 //! slow (answered more than `G` after it was sent) is paired like any other: the deadline it gives
 //! is older, never borrowed from (A2).
@@ -124,10 +125,15 @@
 //! `k` by the Claim, the member with the latest send too; likewise under *Reconnections*, where
 //! `a < b` admits every member. And it is never far behind its best member: any answer `j` is
 //! in an entry whose latest answer is at most `r_j + W`, so the entry pairs with every round sent
-//! from `r_j + W + G` on. In steady state a heartbeat round is sent `G` after the previous one's
-//! answer, so `E ≥ s_{k−1} − W` however busy the session (an entry's later members answered
-//! after round `k − 1` may hold its entry back by `W`, and the entry before it was opened by
-//! then). Entries are opened at least `W` apart, so the 64 kept span at least `1.7 T`.
+//! from `r_j + W + G` on. The answer of one of the monitor's own heartbeat rounds *closes* its
+//! entry (later answers open a new one), and the next round is sent `G` after that entry's latest
+//! answer — up to `W` after the heartbeat's own answer, never earlier. So round `k` always pairs
+//! with the entry of round `k − 1`, and in steady state `E = s_{k−1}` however busy the session:
+//! were an acquire's answers that come in just after a heartbeat's answer let into its entry,
+//! round `k` would pair only with round `k − 2`, and a heartbeat late by `0.14 T` instead of
+//! `0.33 T` would lose the locks (unit test `a_lone_answer_after_a_heartbeat_does_not_cost_a_round`).
+//! Entries are opened at least `W` apart but for those a heartbeat closed (one per round), so
+//! the 64 kept span well over `T`.
 //! *Without the bound* — merging each answer into the previous entry whenever it comes within
 //! `W` of that entry's latest answer — a stream of answers less than `W` apart chains into one
 //! entry whose latest answer is always recent: no round ever pairs with it, the deadline stops
@@ -315,6 +321,9 @@ struct Kept {
     sent: Instant,
     answered: Instant,
     opened: Instant,
+    /// Closed by a heartbeat round's answer: later answers open a new entry, so the entry's latest
+    /// answer stays what the next round is paced from (*Busy sessions*).
+    closed: bool,
 }
 
 /// What the monitor knows about the session.
@@ -801,8 +810,26 @@ impl Drop for AcquireTicket {
 }
 
 impl Inner {
+    /// Takes in the answer of one of the monitor's heartbeat rounds (a leader round), and closes
+    /// its entry: returns the entry's latest answer, which the next round is sent `G` after
+    /// (*Busy sessions*).
+    fn heartbeat_answered(&mut self, answer: Answer, t: Duration) -> Instant {
+        match self.record(answer, true, t).and_then(|i| self.answers.get_mut(i)) {
+            Some(kept) => {
+                kept.closed = true;
+                kept.answered
+            },
+            None => answer.answered,
+        }
+    }
+
     /// Takes in an answered request and moves the deadline (see the module docs for the rule).
     fn answered(&mut self, answer: Answer, leader: bool, t: Duration) {
+        self.record(answer, leader, t);
+    }
+
+    /// [`answered`](Self::answered), returning where the answer is kept (`None`: not kept).
+    fn record(&mut self, answer: Answer, leader: bool, t: Duration) -> Option<usize> {
         if leader {
             let g = report_lag(t);
             // Answers recorded before a disconnection read before this round was sent: the
@@ -838,21 +865,28 @@ impl Inner {
         // spans at most `W` of answer times from the answer that opened it, so a steady stream of
         // answers leaves a partner at most `W` older than its latest answer.
         let at = self.answers.partition_point(|j| j.answered <= answer.answered);
-        match at.checked_sub(1).and_then(|i| self.answers.get_mut(i)) {
-            Some(previous) if answer.answered < previous.opened + merge_span(t) => {
+        let index = match at.checked_sub(1).and_then(|i| self.answers.get_mut(i)) {
+            Some(previous) if !previous.closed && answer.answered < previous.opened + merge_span(t) => {
                 previous.sent = previous.sent.max(answer.sent);
                 previous.answered = previous.answered.max(answer.answered);
+                at - 1
             },
             _ => {
-                self.answers.insert(at, Kept { sent: answer.sent, answered: answer.answered, opened: answer.answered })
+                let kept =
+                    Kept { sent: answer.sent, answered: answer.answered, opened: answer.answered, closed: false };
+                self.answers.insert(at, kept);
+                at
             },
-        }
-        while self.answers.front().is_some_and(|oldest| oldest.answered + t * 2 < answer.answered) {
+        };
+        // Evicted from the front: what is older than `2 T`, and beyond 64 entries the oldest.
+        let mut index = Some(index);
+        while self.answers.front().is_some_and(|oldest| oldest.answered + t * 2 < answer.answered)
+            || self.answers.len() > 64
+        {
             self.answers.pop_front();
+            index = index.and_then(|i| i.checked_sub(1));
         }
-        if self.answers.len() > 64 {
-            self.answers.pop_front();
-        }
+        index
     }
 }
 
@@ -1096,8 +1130,8 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
                 let answered = shared.clock.now();
                 match result {
                     Ok(()) => {
-                        lock(&shared.inner).answered(Answer { sent, answered }, true, t);
-                        next_heartbeat = answered + report_lag(t);
+                        let paced_from = lock(&shared.inner).heartbeat_answered(Answer { sent, answered }, t);
+                        next_heartbeat = paced_from + report_lag(t);
                     },
                     Err(err) => {
                         debug!(%err, "heartbeat not answered");
@@ -1251,6 +1285,41 @@ mod tests {
             worst.unwrap().0,
             worst.unwrap().1
         );
+    }
+
+    /// *Busy sessions*: an answer that comes in just after a heartbeat round's answer (an
+    /// acquire's create and listing, within `W`) does not cost the next round its partner: the
+    /// heartbeat's answer closes its entry, and the next round is paced from that entry's latest
+    /// answer, so round `k` still pairs with round `k − 1` (`E = s_{k−1}`). Before, the two
+    /// answers joined the heartbeat's entry, round `k` paired only with round `k − 2`, and a
+    /// heartbeat late by 0.14 T (not 0.36 T) lost the locks.
+    #[test]
+    fn a_lone_answer_after_a_heartbeat_does_not_cost_a_round() {
+        let t = Duration::from_secs(6);
+        let g = report_lag(t);
+        for pollute in [false, true] {
+            let base = Instant::now();
+            let mut inner = Inner::default();
+            inner.health.connected = true;
+            let mut s = base;
+            for _ in 0..8 {
+                s = inner.heartbeat_answered(Answer { sent: s, answered: s + ms(5) }, t) + g;
+            }
+            let s0 = s;
+            let paced = inner.heartbeat_answered(Answer { sent: s0, answered: s0 + ms(5) }, t);
+            if pollute {
+                // An acquire: its create (a leader round) and its listing, 50 ms later.
+                inner.answered(Answer { sent: s0 + ms(50), answered: s0 + ms(55) }, true, t);
+                inner.answered(Answer { sent: s0 + ms(50), answered: s0 + ms(56) }, false, t);
+            }
+            let sk = paced + g;
+            inner.heartbeat_answered(Answer { sent: sk, answered: sk + ms(5) }, t);
+            assert_eq!(
+                inner.health.deadline(t),
+                Some(s0 + t * 4 / 5),
+                "round k pairs with round k − 1 (answers after it: {pollute})"
+            );
+        }
     }
 
     /// A stated floor below the negotiated timeout is what the deadline counts with.
