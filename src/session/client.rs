@@ -734,7 +734,14 @@ impl Managed {
     }
 
     fn publish(&self, state: ConnectionState) {
-        *lock(&self.state) = state;
+        {
+            let mut current = lock(&self.state);
+            // `Closed` is final: a supervisor step racing the close publishes nothing after it.
+            if *current == ConnectionState::Closed {
+                return;
+            }
+            *current = state;
+        }
         match state {
             ConnectionState::Suspended | ConnectionState::Lost => {
                 warn!(hosts = self.hosts, %state, "ZooKeeper connection state")
@@ -824,13 +831,18 @@ async fn supervise(managed: Weak<Managed>, mut client: zk::Client) {
             "new ZooKeeper session established"
         );
         crate::metrics::session_created();
-        if *managed.closed.borrow() {
+        // Under a read of the closed flag (no await in between): a `close()` either comes after
+        // the new session is current — and closes it — or before, and the new session is
+        // dropped here unused (its last client dropped: `closeSession`).
+        let closed = managed.closed.borrow();
+        if *closed {
             return;
         }
         *lock(&managed.current) =
             SessionContext::new(&client, managed.id, managed.min_session_timeout, Some(managed.closed.subscribe()));
         managed.generation.send_modify(|generation| *generation += 1);
         managed.publish(ConnectionState::NewSession);
+        drop(closed);
     }
 }
 
