@@ -35,6 +35,15 @@ async fn close_releases_everything_and_the_next_holder_is_granted_at_once() {
     })
     .await;
     let mut states = zk.state_watcher();
+    // What the holder was told when its node's deletion reached another client: told first.
+    let told_at_delete = {
+        let signal = held.loss_signal();
+        let (_, _, deleted) = admin.get_and_watch_data(held.lock_path()).await.unwrap();
+        tokio::spawn(async move {
+            let event = deleted.changed().await;
+            (event.event_type, signal.reason())
+        })
+    };
 
     let closing = Instant::now();
     zk.close().await.expect("close confirms the deletions");
@@ -46,20 +55,15 @@ async fn close_releases_everything_and_the_next_holder_is_granted_at_once() {
     // A round trip or a few, never the session timeout (generous slack for a loaded machine).
     assert!(granted < t / 10 + SCHED_SLACK, "granted {granted:?} after close (T = {t:?})");
     assert_eq!(held.state(), LockState::Lost(LossReason::SessionClosed));
+    let (event, told) = tokio::time::timeout(Duration::from_secs(5), told_at_delete).await.unwrap().unwrap();
+    assert_eq!(event, zk::EventType::NodeDeleted);
+    assert_eq!(told, Some(LossReason::SessionClosed), "the holder was told before its node was deleted");
     let err =
         tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("the waiter ends").unwrap().unwrap_err();
     assert!(matches!(err, Error::Closed { .. }), "{err:?}");
-    // Nothing of the closed client is left, and its session has ended (`closeSession`, confirmed
-    // by the server before close() returned): the client learns it on its next connection.
+    // Nothing of the closed client is left.
     assert_eq!(admin.check_stat(&own).await.unwrap(), None, "its own ephemeral node is gone too");
     assert_eq!(children(&admin, &queued_path).await.len(), 1, "its queued node is gone");
-    let session = zk.client();
-    // (A request on its old connection finds the session gone; the client then learns it.)
-    eventually(Duration::from_secs(10), "the closed client's session ended", || async {
-        let _ = session.sync("/").await;
-        session.state().is_terminated()
-    })
-    .await;
     assert_eq!(zk.state(), ConnectionState::Closed);
     assert_eq!(states.changed().await, Some(ConnectionState::Closed));
     let err = InterProcessMutex::new(&zk, &held_path).unwrap().try_acquire().await.unwrap_err();
