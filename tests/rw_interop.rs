@@ -324,12 +324,15 @@ async fn our_downgrade_lets_curator_readers_in_and_keeps_curator_writers_out(ver
         .write_lock()
         .with_lock(|_write| {
             let path = path.clone();
-            let (reader_before, writer_before) = (holder("read", None), holder("write", Some(Duration::ZERO)));
             async move {
-                let (mut reader_before, mut writer_before) = (reader_before, writer_before);
+                // The reader queues first, then the writer (two JVMs started at once may create
+                // their nodes in either order, and a reader behind the writer would wait for it).
+                let mut reader_before = holder("read", None);
                 reader_before.expect("CONNECTED").await;
+                queued(&path, 2, "__READ__").await;
+                let mut writer_before = holder("write", Some(Duration::ZERO));
                 writer_before.expect("CONNECTED").await;
-                queued(&path, 3, "__").await;
+                queued(&path, 3, "__WRIT__").await;
                 let read_guard = tokio::time::timeout(Duration::from_secs(5), read.acquire())
                     .await
                     .expect("the downgrade is granted at once")
@@ -380,4 +383,53 @@ async fn our_downgrade_with_curator_5_4() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_downgrade_with_curator_5_5() {
     our_downgrade_lets_curator_readers_in_and_keeps_curator_writers_out(Curator::V5_5).await;
+}
+
+/// A Curator writer queued *before* a Curator reader, both between our write node and our
+/// downgraded read: the writer waits for our read.
+async fn curator_writer_queued_first_waits_for_our_downgraded_read(version: Curator) {
+    if !curator_available() {
+        return;
+    }
+    let connect = zookeeper().await.connect_string();
+    let path = unique_path("rw-writer-first");
+    let marker_dir = path_markers(&path);
+    let markers = Some(marker_dir.as_str());
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let read = ours.read_lock();
+    let holder =
+        |mode: &str, hold: Option<Duration>| Holder::curator_rw_of(version, connect, &path, mode, WAIT, hold, markers);
+    let (mut writer, read_guard) = ours
+        .write_lock()
+        .with_lock(|_write| {
+            let path = path.clone();
+            let writer = holder("write", Some(Duration::ZERO));
+            async move {
+                let mut writer = writer;
+                writer.expect("CONNECTED").await;
+                queued(&path, 2, "__WRIT__").await;
+                let read_guard = read.acquire().await.unwrap();
+                (writer, read_guard)
+            }
+        })
+        .await
+        .unwrap();
+    writer.quiet_for(Duration::from_millis(1500), "queued before our downgraded read, which still holds").await;
+    read_guard.release().await.unwrap();
+    writer.expect("ACQUIRED").await;
+    writer.expect("RELEASING").await;
+    writer.expect("RELEASED").await;
+    writer.finish().await;
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_5_4_writer_queued_during_our_write_waits_for_our_downgraded_read() {
+    curator_writer_queued_first_waits_for_our_downgraded_read(Curator::V5_4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_5_5_writer_queued_during_our_write_waits_for_our_downgraded_read() {
+    curator_writer_queued_first_waits_for_our_downgraded_read(Curator::V5_5).await;
 }
