@@ -1,4 +1,6 @@
-//! Review B: reproductions (managed client, re-entry, cancellation, bad input).
+//! Review B (second review): managed client, re-entry, cancellation and bad input. The test
+//! names are the review's (several name the defect each reproduced); each test's doc says what it
+//! asserts.
 
 mod common;
 
@@ -12,11 +14,9 @@ async fn ensure_tests_root(admin: &zk::Client) {
     let _ = admin.mkdir("/zkr-tests", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await;
 }
 
-/// README "Clear errors": `validate_lock_path` claims to refuse every path "ZooKeeper would
-/// refuse". A path with a character outside the BMP (an emoji) passes it, but the Java server
-/// sees it as UTF-16 surrogates (PathUtils rejects \ud800-\uf8ff): the acquire fails with a
-/// generic `Error::ZooKeeper(BadArguments)` — and the container parents mkdir made on the way
-/// are never removed (they never had a child).
+/// Asserts (README "Clear errors"): a lock path with a character outside the BMP (an emoji; the
+/// Java server sees UTF-16 surrogates, which `PathUtils` rejects) is `Error::InvalidPath`, at build
+/// or at acquire, and leaves no container parent behind.
 #[tokio::test]
 async fn non_bmp_lock_path_is_invalid_path_and_leaves_nothing() {
     let admin = client().await;
@@ -87,8 +87,8 @@ async fn scope_edge_cases_hold_up() {
     assert_no_nodes_left(&observer, &path2).await;
 }
 
-/// A path under a chroot may well contain a `zookeeper` segment at its top (the server sees
-/// `<chroot>/zookeeper/...`), but `build()` refuses it as reserved.
+/// Asserts: under a chroot, a lock path whose first segment is `zookeeper` is accepted (the server
+/// sees `<chroot>/zookeeper/...`, not the reserved tree).
 #[tokio::test]
 async fn zookeeper_segment_under_a_chroot_is_refused() {
     let server = zookeeper().await;
@@ -107,8 +107,9 @@ async fn zookeeper_segment_under_a_chroot_is_refused() {
     assert!(matches!(unchrooted, Err(Error::InvalidPath { .. })), "{:?}", unchrooted.map(|_| ()));
 }
 
-/// `build()`'s size check (meant to refuse any create the server would answer by dropping the
-/// connection) ignores the client's chroot, which the client prepends to every path.
+/// Asserts: `build()`'s size check counts the client's chroot (which the client prepends to every
+/// path): a lock `build()` accepts is accepted by the server too (not answered by dropping the
+/// connection), and an unrelated hold on the same client stays `Held`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn size_check_ignores_the_chroot() {
     init_tracing();
@@ -144,11 +145,9 @@ async fn size_check_ignores_the_chroot() {
     assert_eq!(other_state, zk_recipes::LockState::Held, "an unrelated hold on the same client was lost");
 }
 
-/// README "Re-entry": "Tasks it spawns are outside the scope and queue like anyone else" and
-/// "every other acquire — another task ... — contends like another process". The scope is a
-/// task-local, i.e. a thread-local set while the scope's future is polled, so a task of a
-/// `LocalSet` driven inside the scope (`run_until`) sees it and re-enters the scope's hold — also a
-/// task spawned long before the critical section, by unrelated code.
+/// Asserts (README "Re-entry": "every other acquire — another task ... — contends like another
+/// process"): a task of a `LocalSet` driven inside a scope (`run_until`), which sees the scope's
+/// task-local, does not re-enter the scope's hold; it queues.
 #[tokio::test]
 async fn local_task_driven_inside_a_scope_reenters() {
     let path = unique_path("localset");
@@ -220,11 +219,9 @@ async fn scope_entered_by_a_task_admits_its_own_futures_only() {
     assert_eq!(driven, None, "a local task driven inside the scope re-entered its hold");
 }
 
-/// README (Sessions): "While there is no session, `acquire` waits for the next one,
-/// `acquire_timeout` returns `Ok(None)` at its timeout, and `try_acquire` fails with
-/// `Error::SessionLost`"; `try_acquire` "never waits". While the managed client is `Suspended`
-/// (connection down, no new session yet), `try_acquire` blocks until the client library gives
-/// the session up (1.4 T).
+/// Asserts (README, Sessions: `try_acquire` "never waits"): while the managed client is
+/// `Suspended` (connection down, no new session yet), `try_acquire` returns at once rather than
+/// when the client library gives the session up (1.4 T).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_acquire_while_suspended_blocks_until_the_session_is_given_up() {
     use zk_recipes::{ConnectionState, ManagedClient};
@@ -305,9 +302,9 @@ async fn try_acquire_gives_up_when_the_connection_drops_mid_attempt() {
     mutex.acquire().await.unwrap().release().await.unwrap();
 }
 
-/// README "No leaked nodes" / "missing parents are created as container nodes, which the server
-/// removes once empty": a container that never had a child is never removed by ZooKeeper. An
-/// acquire cancelled between the parents' creation and its lock node's create leaves them for good.
+/// Asserts (README "No leaked nodes"): acquires cancelled at every point while the lock path's
+/// missing parents are being created leave no container parent behind (a container that never
+/// had a child is never removed by ZooKeeper, so the parents are created with the lock node).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_acquire_leaves_container_parents_forever() {
     let admin = client().await;
