@@ -11,7 +11,9 @@
 //! `FaultProxy`, acquires `HOLDS` locks on distinct paths (one `InterProcessMutex` each), waits
 //! until every hold watches its node, then counts what the session sends while nothing happens.
 //! Prints one JSON line. Resident memory is read after `malloc_trim` (glibc) on both sides, so it
-//! counts what is live, not what the allocator keeps cached from the acquire phase.
+//! counts what is live, not what the allocator keeps cached from the acquire phase. Exits non-zero
+//! if a figure misses the README's (memory: by more than 25 %), a lock was lost while idle, or the
+//! session sent more than its heartbeats; CI runs it (release build).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,11 @@ use zk_testcontainers::{op, FaultProxy, ZooKeeper};
 mod counting_alloc;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The README's heap cost of a held lock, its mutex included (Performance; BENCHMARKS.md).
+const PUBLISHED_HEAP_PER_HELD_LOCK: u64 = 2_100;
+/// The README's resident cost of a held lock, after `malloc_trim`.
+const PUBLISHED_RSS_PER_HELD_LOCK: u64 = 2_500;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -117,5 +124,30 @@ async fn main() -> Result<(), BoxError> {
     );
     drop(held);
     drop(mutexes);
+    // The README's figures (Performance), with a 25 % margin for memory (the CI check: a growth of
+    // more than that fails), and the request pattern exactly: one heartbeat per 0.22 T for the
+    // session, nothing else, every lock still held.
+    let heap = heap_held.saturating_sub(heap_before) / holds.max(1) as u64;
+    let rss = rss_held.saturating_sub(rss_before) / holds.max(1) as u64;
+    let heartbeats_bound = secs / (t.as_secs_f64() * 0.22) + 1.0;
+    let mut failed = Vec::new();
+    if still_held != holds {
+        failed.push(format!("{} of {holds} locks lost while idle", holds - still_held));
+    }
+    if total - delta(op::SYNC) - delta(op::PING) != 0 {
+        failed.push(format!("{} requests other than heartbeats and pings", total - delta(op::SYNC) - delta(op::PING)));
+    }
+    if delta(op::SYNC) as f64 > heartbeats_bound {
+        failed.push(format!("{} heartbeats in {secs} s: more than one per 0.22 T", delta(op::SYNC)));
+    }
+    if heap > PUBLISHED_HEAP_PER_HELD_LOCK * 5 / 4 {
+        failed.push(format!("{heap} heap bytes per held lock: published {PUBLISHED_HEAP_PER_HELD_LOCK} + 25 %"));
+    }
+    if rss > PUBLISHED_RSS_PER_HELD_LOCK * 5 / 4 {
+        failed.push(format!("{rss} resident bytes per held lock: published {PUBLISHED_RSS_PER_HELD_LOCK} + 25 %"));
+    }
+    if !failed.is_empty() {
+        return Err(format!("hold_cost: {}", failed.join("; ")).into());
+    }
     Ok(())
 }

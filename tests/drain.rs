@@ -177,13 +177,33 @@ async fn thousand_waiters_drain_in_order_without_relisting() {
     );
 }
 
+/// The README's heap per queued waiter (Performance; BENCHMARKS.md, Requests), debug build.
+const PUBLISHED_BYTES_PER_WAITER: u64 = 7_000;
+/// The README's drain rate, debug build on a 2-core machine.
+const PUBLISHED_HANDOFFS_PER_S: f64 = 1_350.0;
+
+/// 10,000 waiters drain in order at one request per handoff; each queued waiter holds at most the
+/// published heap (+10 %: the allocator's rounding varies a little between runs), and the drain
+/// runs at least at half the published rate (a floor for a loaded machine, not the figure).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_waiters_drain_in_order() {
-    let result = drain("drain-10k", 10_000, 4).await;
+    let waiters = 10_000;
+    let result = drain("drain-10k", waiters, 4).await;
     assert!(
         result.requests_per_handoff <= REQUESTS_PER_HANDOFF,
         "{:.3} requests per handoff (published: 1.00)",
         result.requests_per_handoff
+    );
+    assert!(
+        result.bytes_per_waiter <= PUBLISHED_BYTES_PER_WAITER * 11 / 10,
+        "{} heap bytes per queued waiter (published: {PUBLISHED_BYTES_PER_WAITER} + 10 %)",
+        result.bytes_per_waiter
+    );
+    let rate = waiters as f64 / result.drain.as_secs_f64();
+    assert!(
+        rate >= PUBLISHED_HANDOFFS_PER_S / 2.0,
+        "{rate:.0} handoffs/s (published: about {PUBLISHED_HANDOFFS_PER_S}; at least half asserted) (load: {})",
+        load_average()
     );
 }
 

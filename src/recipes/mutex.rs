@@ -351,20 +351,28 @@ impl InterProcessMutex {
             sequence = field::Empty
         );
         let internals = &self.inner.internals;
-        let attempt = async {
-            match &anchor {
-                None => internals.attempt(driver, wait).await,
-                Some(anchor) => internals.attempt_beside(driver, &anchor.node, &anchor.context, wait).await,
+        // Pinned where it lives: moved into the timeout instead, it would be laid out twice in this
+        // future (every queued waiter's memory).
+        let node = {
+            let attempt = std::pin::pin!(async {
+                match &anchor {
+                    None => internals.attempt(driver, wait).await,
+                    // Boxed: a downgrade is rare, and its state would otherwise be laid out beside
+                    // the common attempt's in every acquire's future (every queued waiter's memory).
+                    Some(anchor) => {
+                        Box::pin(internals.attempt_beside(driver, &anchor.node, &anchor.context, wait)).await
+                    },
+                }
             }
-        }
-        .instrument(span);
-        let node = match timeout {
-            None => attempt.await?,
-            Some(timeout) => {
-                // The timeout's timer would panic on a runtime without timers: say so instead.
-                check_runtime()?;
-                tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
-            },
+            .instrument(span));
+            match timeout {
+                None => attempt.await?,
+                Some(timeout) => {
+                    // The timeout's timer would panic on a runtime without timers: say so instead.
+                    check_runtime()?;
+                    tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
+                },
+            }
         };
         Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)))
     }

@@ -10,10 +10,12 @@
 //! only if its `ephemeral_owner` is our session.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, warn};
 use zookeeper_client as zk;
@@ -45,35 +47,55 @@ impl Target {
 pub(crate) struct Cleanup {
     client: zk::Client,
     runtime: Arc<OnceLock<Handle>>,
-    /// How many deletions by GUID (abandoned attempts whose create reply never came) run: their
-    /// first request is sent only by their task, so nothing the caller sends after starting one
-    /// is ordered after its delete. [`searches_done`](Self::searches_done) waits for them.
-    searches: Arc<tokio::sync::watch::Sender<usize>>,
+    /// The deletions by GUID running on this session (abandoned attempts whose create reply never
+    /// came): their first request is sent only by their task, so nothing the caller sends after
+    /// starting one is ordered after its delete. [`searches_done`](Self::searches_done) waits for
+    /// them. One per session, shared by every cleanup of it.
+    searches: Arc<Searches>,
+}
+
+/// The deletions by GUID running on one session.
+#[derive(Debug, Default)]
+pub(crate) struct Searches {
+    running: AtomicUsize,
+    /// Notified when `running` drops to 0.
+    done: Notify,
 }
 
 /// Counts a deletion by GUID for as long as its task lives (also one dropped unrun).
-struct Search(Arc<tokio::sync::watch::Sender<usize>>);
+struct Search(Arc<Searches>);
 
 impl Drop for Search {
     fn drop(&mut self) {
-        self.0.send_modify(|running| *running -= 1);
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.done.notify_waiters();
+        }
     }
 }
 
 impl Cleanup {
     /// Deletes through `client`, on the current runtime or the one remembered in `runtime`
     /// (shared by everything on one session).
-    pub(crate) fn new(client: zk::Client, runtime: Arc<OnceLock<Handle>>) -> Cleanup {
+    pub(crate) fn new(client: zk::Client, runtime: Arc<OnceLock<Handle>>, searches: Arc<Searches>) -> Cleanup {
         if let Ok(handle) = Handle::try_current() {
             let _ = runtime.set(handle);
         }
-        Cleanup { client, runtime, searches: Arc::new(tokio::sync::watch::Sender::new(0)) }
+        Cleanup { client, runtime, searches }
     }
 
     /// Resolves once no deletion by GUID started through this cleanup (or a clone) runs: every
     /// node of an abandoned attempt is deleted then, or its session is dead. Cancel safe.
     pub(crate) async fn searches_done(&self) {
-        let _ = self.searches.subscribe().wait_for(|running| *running == 0).await;
+        loop {
+            let done = self.searches.done.notified();
+            tokio::pin!(done);
+            // Registered before the count is read: a drop to 0 in between is not missed.
+            done.as_mut().enable();
+            if self.searches.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            done.await;
+        }
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
@@ -123,7 +145,7 @@ impl Cleanup {
         let (first, search) = match &target {
             Target::Path(path) => (Some(client.delete(path, None)), None),
             Target::Protected { .. } => {
-                self.searches.send_modify(|running| *running += 1);
+                self.searches.running.fetch_add(1, Ordering::SeqCst);
                 (None, Some(Search(self.searches.clone())))
             },
         };

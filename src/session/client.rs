@@ -70,7 +70,7 @@ impl SessionContext {
     ) -> Arc<SessionContext> {
         let session = Session::of(client, owner);
         session.min_session_timeout(min_session_timeout);
-        let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot()));
+        let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot(), session.searches()));
         Arc::new(SessionContext { session, cleanup, closed })
     }
 

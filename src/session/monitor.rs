@@ -199,7 +199,7 @@ use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
 use crate::error::{outcome_unknown, session_dead, Error, Result};
-use crate::session::cleanup::{Cleanup, Target};
+use crate::session::cleanup::{Cleanup, Searches, Target};
 use crate::session::clock::Clock;
 use crate::session::watch::{watch_once, NodeWatch, WatchFuture, Watched};
 use crate::state::{LockState, LossPolicy, LossReason};
@@ -255,6 +255,8 @@ struct Shared {
     owner: u64,
     /// The runtime the monitor, the own-node watches and cleanup run on (the first acquire's).
     runtime: Arc<OnceLock<tokio::runtime::Handle>>,
+    /// The deletions by GUID in flight on the session (`Cleanup::searches_done`).
+    searches: Arc<Searches>,
     /// A client of the session, for heartbeats and its state only: paths are always sent
     /// through the recipe's own client, whose chroot may differ.
     client: zk::Client,
@@ -517,6 +519,7 @@ impl Session {
             id: key.0,
             owner,
             runtime: Arc::new(OnceLock::new()),
+            searches: Arc::default(),
             client: client.clone(),
             negotiated: client.session_timeout(),
             floor_nanos: AtomicU64::new(u64::MAX),
@@ -550,6 +553,11 @@ impl Session {
     /// Where the session remembers its runtime (shared with the cleanup of its recipes).
     pub(crate) fn runtime_slot(&self) -> Arc<OnceLock<tokio::runtime::Handle>> {
         self.shared.runtime.clone()
+    }
+
+    /// The session's deletions by GUID in flight (shared by the cleanup of its recipes).
+    pub(crate) fn searches(&self) -> Arc<Searches> {
+        self.shared.searches.clone()
     }
 
     /// Registers an acquire in flight (the monitor heartbeats while there is one), starting the
