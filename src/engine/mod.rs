@@ -108,6 +108,15 @@ pub(crate) struct Grant {
     pub handoff: bool,
 }
 
+impl Grant {
+    /// Gives up a grant that is not returned (the client was closed meanwhile): untracked, its
+    /// node deleted in the background (the close deletes it too: it listed it).
+    fn give_back(self) {
+        self.context.session.release(&self.feed);
+        let _ = self.node.delete(&self.context.cleanup);
+    }
+}
+
 /// Whether an attempt waits for its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -198,8 +207,7 @@ impl LockInternals {
                 // deletes the node — it listed it — and so does the cleanup, should the close be
                 // cancelled.
                 Ok(Some(grant)) if context.is_closed() => {
-                    grant.context.session.release(&grant.feed);
-                    let _ = grant.node.delete(&grant.context.cleanup);
+                    grant.give_back();
                     return Err(closed());
                 },
                 // Granted from replies that arrived just before the session ended: the node is
@@ -244,7 +252,10 @@ impl LockInternals {
             return Err(closed());
         }
         let on_session = OnSession { lock: self, context };
+        // As in `attempt`: the close first, and a grant made while the client closes not returned.
         let attempt = tokio::select! {
+            biased;
+            () = context.closed() => return Err(closed()),
             result = async {
                 match wait {
                     Wait::Forever => on_session.attempt_beside(driver, anchor, wait).await,
@@ -254,9 +265,12 @@ impl LockInternals {
                     },
                 }
             } => result,
-            () = context.closed() => return Err(closed()),
         };
         match attempt {
+            Ok(Some(grant)) if context.is_closed() => {
+                grant.give_back();
+                Err(closed())
+            },
             // As in `attempt`: granted from replies that arrived just before the session ended.
             Ok(Some(grant)) if context.client().state().is_terminated() => {
                 grant.context.session.release(&grant.feed);

@@ -43,6 +43,14 @@
 //! > with sequence number `s` — created by the server, before every node with a higher one —
 //! > exists.
 //!
+//! Curator checks nothing at the server: it creates the read while its *thread* believes it holds
+//! the write lock. After its session expired (Curator survives an expiry with a new handle) or an
+//! operator deleted its write node, that belief is stale, and Curator ≥ 5.5 can create
+//! `__READ__<s>` with `W_s` gone. Such a read is unprotected in Curator itself (its own writers are
+//! granted beside it just as ours are): the write lock it was downgraded from had been lost, which
+//! Curator's holder was told (`LOST`) — B holds for every read created under a write lock that is
+//! still held.
+//!
 //! Queues that admit such nodes (a driver's `admits_nodes_beside`; never a mutex's) change two
 //! things, and the invariant becomes: *every lock node that is alive, has a lower sequence number
 //! than a waiter that merged its listing, and was alive when that listing was taken, is in the

@@ -83,8 +83,9 @@ impl Cleanup {
         Cleanup { client, runtime, searches }
     }
 
-    /// Resolves once no deletion by GUID started through this cleanup (or a clone) runs: every
-    /// node of an abandoned attempt is deleted then, or its session is dead. Cancel safe.
+    /// Resolves once no deletion by GUID runs on this cleanup's session (started by any recipe on
+    /// it): every node of an abandoned attempt is deleted then, or the session is dead. Cancel
+    /// safe.
     pub(crate) async fn searches_done(&self) {
         loop {
             let done = self.searches.done.notified();

@@ -505,7 +505,7 @@ async fn delete_ephemerals(client: &zk::Client) -> Result<()> {
 /// Best effort: the first client reconnects at once when the attach closes its connection, and
 /// its attach closes ours in turn; should that go on (measured: for over 10 s in some runs on one
 /// server), the attach gives up after `timeout`. The session's nodes are confirmed deleted by then
-/// (`close()` does that first); only a node that escaped waits for the session timeout.
+/// (`close()` does that first); the session itself lives on while a clone of its client does.
 async fn end_session(connector: &zk::Connector, hosts: &str, client: &zk::Client, timeout: Duration) {
     let session = format!("{:#x}", client.session_id().0);
     let attach = connector.clone().with_session(client.session().clone()).connect(hosts);
@@ -640,8 +640,9 @@ impl ManagedClient {
     ///   node of the session have escaped the deletes, the server deletes it now, and every
     ///   `zookeeper_client::Client` of the session — also a [`client`](Self::client) copy you
     ///   kept — sees the session end. (A second connection attaches to the session to send it, and
-    ///   the session's own client may keep taking the session back; after `min(T/4, 2 s)` the
-    ///   attempt is given up, and the session ends when the server expires it.)
+    ///   the session's own client may keep taking the session back; after `min(T/4, 2 s)` a
+    ///   step is given up, and the session then lives until the last clone of its client — the
+    ///   managed client's included — is dropped: the nodes are gone already.)
     ///
     /// No new session is established; later acquires fail with [`Error::Closed`];
     /// [`state`](Self::state) is [`ConnectionState::Closed`]. Idempotent: every `close()` — also
@@ -744,11 +745,14 @@ impl Managed {
     fn publish(&self, state: ConnectionState) {
         {
             let mut current = lock(&self.state);
-            // `Closed` is final: a supervisor step racing the close publishes nothing after it.
+            // `Closed` is final: a supervisor step racing the close publishes nothing after it —
+            // the event is sent under the same lock, so the stream has the order of the state.
             if *current == ConnectionState::Closed {
                 return;
             }
             *current = state;
+            // No receivers is fine.
+            let _ = self.states.send(state);
         }
         match state {
             ConnectionState::Suspended | ConnectionState::Lost => {
@@ -756,8 +760,6 @@ impl Managed {
             },
             _ => info!(hosts = self.hosts, %state, "ZooKeeper connection state"),
         }
-        // No receivers is fine.
-        let _ = self.states.send(state);
     }
 }
 
