@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use zk_recipes::{Error, InterProcessMutex, LockState, LossPolicy, ManagedClient};
-use zk_testcontainers::Ensemble;
 use zookeeper_client as zk;
 
 /// How many times the two `close()` races are tried: each trial hits the race with probability
@@ -209,14 +208,6 @@ fn close_then_exit_leaves_the_node_an_in_flight_acquire_created_after_closes_lis
     eprintln!("{leaked} of {TRIALS} trials leaked a node");
 }
 
-async fn connected_to(ensemble: &Ensemble, i: usize, client: &zk::Client) -> bool {
-    let id = format!("{:x}", client.session_id().0);
-    match ensemble.four_letter_word(i, "cons").await {
-        Ok(text) => text.contains(&format!("sid=0x{id}")),
-        Err(_) => false,
-    }
-}
-
 /// One ensemble at a time (three JVMs each on a 2-core machine).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -230,34 +221,8 @@ async fn a_floor_stated_while_the_session_monitor_runs_is_not_counted_until_its_
     init_tracing();
     let t = Duration::from_secs(10);
     let floor = Duration::from_secs(2);
-    // Server B (index 1) negotiates at most 2 s; the others up to 60 s (as in review_timeout.rs).
-    let b = 1;
-    let ensemble = ensemble(Ensemble::builder().sync_limit(10).server_extra(b, "maxSessionTimeout=2000")).await;
-    let mut leader = ensemble.leader().await.unwrap();
-    if leader == b {
-        ensemble.kill(b).await.unwrap();
-        ensemble.start_server(b).await.unwrap();
-        leader = ensemble.leader().await.unwrap();
-    }
-    let a = 3 - leader - b;
-    eprintln!("leader {leader}, A {a} (max 60 s), B {b} (max 2 s)");
-    // First connect to A (B unreachable): the client negotiates T = 10 s.
-    ensemble.isolate(b).await.unwrap();
-    let connect = format!("{},{}", ensemble.server_addr(a), ensemble.server_addr(b));
-    let holder_client = zk::Client::connector().with_session_timeout(t).connect(&connect).await.unwrap();
-    assert!(connected_to(&ensemble, a, &holder_client).await);
-    ensemble.heal(b).await.unwrap();
-    rejoined(&ensemble, b).await;
-    // Move the client to B.
-    ensemble.isolate(a).await.unwrap();
-    let moved = Instant::now();
-    while !connected_to(&ensemble, b, &holder_client).await {
-        assert!(moved.elapsed() < Duration::from_secs(30), "client did not move to B");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    ensemble.heal(a).await.unwrap();
-    rejoined(&ensemble, a).await;
-    assert!(connected_to(&ensemble, b, &holder_client).await, "client left B");
+    // Server B negotiates at most 2 s; the client negotiated 10 s elsewhere and was moved onto B.
+    let MovedToB { ensemble, leader, b, client: holder_client } = client_moved_to_a_server_with_a_lower_limit(t).await;
 
     // Another lock of the same client, built without the floor: the session monitor starts and
     // heartbeats with the 10 s negotiated at the first connect.

@@ -203,3 +203,62 @@ pub async fn ensemble(builder: zk_testcontainers::EnsembleBuilder) -> zk_testcon
         Err(err) => panic!("no ZooKeeper ensemble for tests: {err}"),
     }
 }
+
+/// Whether `client`'s session is connected to server `i` of `ensemble` (its `cons`).
+pub async fn connected_to(ensemble: &zk_testcontainers::Ensemble, i: usize, client: &zk::Client) -> bool {
+    let id = format!("{:x}", client.session_id().0);
+    match ensemble.four_letter_word(i, "cons").await {
+        Ok(text) => text.contains(&format!("sid=0x{id}")),
+        Err(_) => false,
+    }
+}
+
+/// The setup of a renegotiated session timeout (`review_timeout.rs`, `review_c.rs`): a 3-server
+/// ensemble whose server B negotiates at most 2 s (the others up to 60 s), and a client that
+/// negotiated T on another server, A, and was then moved onto B; the ensemble healed, the
+/// client still on B.
+pub struct MovedToB {
+    pub ensemble: zk_testcontainers::Ensemble,
+    pub leader: usize,
+    /// B's index (B is never the leader).
+    pub b: usize,
+    pub client: zk::Client,
+}
+
+/// See [`MovedToB`].
+pub async fn client_moved_to_a_server_with_a_lower_limit(t: Duration) -> MovedToB {
+    let b = 1;
+    let builder = zk_testcontainers::Ensemble::builder().sync_limit(10).server_extra(b, "maxSessionTimeout=2000");
+    let ensemble = ensemble(builder).await;
+    let mut leader = ensemble.leader().await.unwrap();
+    if leader == b {
+        ensemble.kill(b).await.unwrap();
+        ensemble.start_server(b).await.unwrap();
+        leader = ensemble.leader().await.unwrap();
+    }
+    let a = 3 - leader - b;
+    eprintln!("leader {leader}, A {a} (max 60 s), B {b} (max 2 s)");
+    // First connect to A (B unreachable), so the client negotiates T.
+    ensemble.isolate(b).await.unwrap();
+    let connect = format!("{},{}", ensemble.server_addr(a), ensemble.server_addr(b));
+    let client = zk::Client::connector().with_session_timeout(t).connect(&connect).await.unwrap();
+    assert!(connected_to(&ensemble, a, &client).await);
+    ensemble.heal(b).await.unwrap();
+    rejoined(&ensemble, b).await;
+    // Move the client to B: cut A off from everyone until the client is on B.
+    ensemble.isolate(a).await.unwrap();
+    let moved = Instant::now();
+    while !connected_to(&ensemble, b, &client).await {
+        assert!(moved.elapsed() < Duration::from_secs(30), "client did not move to B");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "client on B after {:?}; client.session_timeout() still says {:?}",
+        moved.elapsed(),
+        client.session_timeout()
+    );
+    ensemble.heal(a).await.unwrap();
+    rejoined(&ensemble, a).await;
+    assert!(connected_to(&ensemble, b, &client).await, "client left B");
+    MovedToB { ensemble, leader, b, client }
+}
