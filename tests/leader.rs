@@ -830,8 +830,12 @@ async fn started_latches_record_every_leadership_across_expiries() {
             .await;
             leader.unwrap()
         };
-        history.revoked(&format!("latch-{leader}"));
+        let closing = tokio::time::Instant::now();
         expire_session(zk.connect_string(), &managed[leader].client()).await.expect("expire");
+        // Revoked from the start of the close; a leadership the latch took again on the same
+        // session while the close was under way (it requeues at once when the close takes its
+        // connection away) is revoked too.
+        history.revoked_during(&format!("latch-{leader}"), closing, tokio::time::Instant::now());
         eventually(Duration::from_secs(10), "told", || async { !latches[leader].has_leadership() }).await;
     }
     // Everyone back in the election on its current session.

@@ -51,6 +51,9 @@ pub struct History {
     fenced_unknown: Mutex<u64>,
     /// Sessions the test closed itself: by whom, when the close was started.
     revocations: Mutex<Vec<(String, Instant)>>,
+    /// Closes of a session by the test that a hold of it may have been granted during: from the
+    /// start of the close until it was confirmed (see [`History::revoked_during`]).
+    revoked_windows: Mutex<Vec<(String, Instant, Instant)>>,
 }
 
 /// What a history check found (it panics on a violation).
@@ -75,6 +78,7 @@ impl History {
             fenced_ok: Mutex::default(),
             fenced_unknown: Mutex::default(),
             revocations: Mutex::default(),
+            revoked_windows: Mutex::default(),
         }
     }
 
@@ -88,6 +92,15 @@ impl History {
     /// is known to have taken effect: a failed close revokes nothing).
     pub fn revoked_since(&self, who: &str, at: Instant) {
         self.revocations.lock().unwrap().push((who.to_owned(), at));
+    }
+
+    /// The test closed `who`'s session itself between `from` (before it began) and `until` (once
+    /// the close was confirmed): a hold of `who` granted in between — on the session being closed
+    /// (a `LeaderLatch` requeues at once on the same session when the close takes its connection
+    /// away) — counts as revoked at its grant, like one granted before `from`.
+    pub fn revoked_during(&self, who: &str, from: Instant, until: Instant) {
+        self.revoked_since(who, from);
+        self.revoked_windows.lock().unwrap().push((who.to_owned(), from, until));
     }
 
     /// Records a grant; returns the hold's index.
@@ -158,7 +171,11 @@ impl History {
         let mut holds = self.holds.lock().unwrap().clone();
         holds.sort_by_key(|hold| hold.granted);
         let revocations = self.revocations.lock().unwrap().clone();
+        let windows = self.revoked_windows.lock().unwrap().clone();
         let end = |hold: &HoldRecord| {
+            if windows.iter().any(|(who, from, until)| *who == hold.who && (*from..=*until).contains(&hold.granted)) {
+                return Some(hold.granted);
+            }
             let revoked =
                 revocations.iter().filter(|(who, at)| *who == hold.who && *at >= hold.granted).map(|(_, at)| *at).min();
             match (hold.ended.map(|(at, _)| at), revoked) {
