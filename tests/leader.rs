@@ -14,7 +14,7 @@ use common::history::History;
 use common::*;
 use rand::Rng;
 use zk_recipes::{Error, LatchEvent, LatchEvents, LeaderLatch, LeaderSelector, LockState, LossReason, ManagedClient};
-use zk_testcontainers::{expire_session, FaultProxy};
+use zk_testcontainers::{expire_session, op, FaultProxy};
 use zookeeper_client as zk;
 
 /// The reasons a leadership lost to an expiry is first told with: the connection drops as the
@@ -587,6 +587,39 @@ async fn a_started_latch_leads_until_closed_and_close_removes_its_node() {
     assert!(matches!(latch.await_leadership().await, Err(Error::LatchState { .. })));
     leadership.release().await.unwrap();
     assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the session is still open");
+}
+
+/// `close()` of a started latch whose create was sent but not yet answered: the attempt is
+/// abandoned, the node its create makes is deleted by its GUID in the background, and `close()`
+/// returns only after that delete (checked at once by another session, while the latch's session
+/// is open). The proxy holds the create, and later the delete, for a second each: a close that
+/// did not wait for the deletion by GUID returns a second before the node is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_before_the_create_is_answered_returns_after_the_node_is_deleted() {
+    const HOLD: Duration = Duration::from_secs(1);
+    let zk = zookeeper().await;
+    let path = unique_path("latch-close-unanswered");
+    let observer = client().await;
+    observer.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let session =
+        zk.connector().with_session_timeout(Duration::from_secs(6)).connect(&proxy.addr()).await.expect("connect");
+    let latch = LeaderLatch::builder(session.clone(), &path).id("a").build().unwrap();
+    let creates = |proxy: &FaultProxy| {
+        let requests = proxy.requests();
+        [op::CREATE, op::CREATE2].iter().map(|op| requests.get(op).copied().unwrap_or(0)).sum::<u64>()
+    };
+    proxy.delay_requests(&[op::CREATE, op::CREATE2, op::DELETE], HOLD);
+    latch.start().unwrap();
+    eventually(Duration::from_secs(5), "the latch's create reached the proxy", || async { creates(&proxy) == 1 }).await;
+    let sent = Instant::now();
+    latch.close().await.unwrap();
+    let closed = sent.elapsed();
+    let left = children(&observer, &path).await;
+    assert!(left.is_empty(), "close returned {closed:?} after the create was sent, with {left:?} still there");
+    assert!(!latch.has_leadership());
+    assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the session is still open");
+    assert!(creates(&proxy) == 1, "close sent no create of its own");
 }
 
 /// Curator's `await(timeout)`: a timed wait that runs out keeps the latch in the election, in its

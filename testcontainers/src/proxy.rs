@@ -80,6 +80,8 @@ struct Shared {
     shutdown: watch::Sender<bool>,
     refuse: AtomicBool,
     drop_ops: Mutex<Option<Vec<i32>>>,
+    /// Requests of these op codes are held this long before they (and all after them) go on.
+    delay_ops: Mutex<Option<(Vec<i32>, Duration)>>,
     connections: AtomicUsize,
     /// Requests forwarded, by op code.
     requests: Mutex<std::collections::BTreeMap<i32, u64>>,
@@ -127,6 +129,7 @@ impl FaultProxy {
             shutdown: watch::channel(false).0,
             refuse: AtomicBool::new(false),
             drop_ops: Mutex::new(None),
+            delay_ops: Mutex::new(None),
             requests: Mutex::new(std::collections::BTreeMap::new()),
             connections: AtomicUsize::new(0),
         });
@@ -178,6 +181,15 @@ impl FaultProxy {
     pub fn drop_reply_to_next(&self, op_codes: &[i32]) {
         let mut guard = self.shared.drop_ops.lock().unwrap_or_else(|p| p.into_inner());
         *guard = if op_codes.is_empty() { None } else { Some(op_codes.to_vec()) };
+    }
+
+    /// Holds every client→server request whose type is one of `op_codes` (see [`op`]) for
+    /// `delay` before forwarding it, and with it everything the client sent after it (the order
+    /// of a session's requests is kept). The held request's reply, and every later one, comes
+    /// `delay` late: a slow link for chosen requests. An empty slice stops delaying.
+    pub fn delay_requests(&self, op_codes: &[i32], delay: Duration) {
+        let mut guard = self.shared.delay_ops.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = if op_codes.is_empty() { None } else { Some((op_codes.to_vec(), delay)) };
     }
 
     /// Whether a [`FaultProxy::drop_reply_to_next`] is still armed (has not fired yet).
@@ -433,6 +445,31 @@ async fn client_to_server(
                     _ => None,
                 }
             };
+            let delay = if is_first {
+                None
+            } else {
+                header_i32(frame, 4).and_then(|op| {
+                    let delayed = conn.shared.delay_ops.lock().unwrap_or_else(|p| p.into_inner());
+                    delayed.as_ref().filter(|(ops, _)| ops.contains(&op)).map(|(_, delay)| *delay)
+                })
+            };
+            if let (Some(delay), None) = (delay, armed_xid) {
+                // Everything before the delayed request goes on now; it and what follows wait.
+                let before: Vec<u8> = framer.pending.drain(..consumed).collect();
+                if !before.is_empty() && !forward(&mut server_w, &before, &conn).await {
+                    break 'outer;
+                }
+                consumed = 0;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {},
+                    () = conn.ended() => break 'outer,
+                }
+                let frame: Vec<u8> = framer.pending.drain(..total).collect();
+                if !forward(&mut server_w, &frame, &conn).await {
+                    break 'outer;
+                }
+                continue;
+            }
             if let Some(xid) = armed_xid {
                 let before = framer.pending[..consumed].to_vec();
                 let frame = frame.to_vec();
