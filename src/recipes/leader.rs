@@ -701,7 +701,9 @@ impl LeaderSelector {
     /// down when its future completes, and queues again. The leadership lasts exactly as long as
     /// that future (a guard the closure keeps beyond it keeps it longer; one it drops early does
     /// not end it). The future is dropped at once when the leadership is lost, and the selector
-    /// queues again too.
+    /// queues again too. `lead` is called, and its future polled, only while the leadership is
+    /// not known lost (checked against the clock before each poll): a leadership lost before the
+    /// closure runs is never given to it.
     ///
     /// Never returns by itself: drop the future to leave the election (cancel safe — a queued
     /// node is deleted in the background, a leadership held by the dropped closure is released).
@@ -738,9 +740,12 @@ impl LeaderSelector {
             let (node, token) = (leadership.lock_path().to_owned(), leadership.fencing_token());
             info!(election = self.path(), node, fencing_token = %token, "leadership taken");
             let stepped_down = {
-                let leading = lead(leadership);
+                // The closure is called inside the first checked poll, so even its synchronous
+                // prelude runs only while the leadership is not known lost.
+                let mut leadership = Some(leadership);
+                let mut leading = std::pin::pin!(None::<Fut>);
                 let lost = signal.lost();
-                tokio::pin!(leading, lost);
+                tokio::pin!(lost);
                 // Loss wins a race with work: the leader's future is polled only while the leadership
                 // is not known lost, checked anew before *every* poll. Polling `lost()` first
                 // (`biased`) is not enough: it is woken by the session monitor, which re-evaluates the
@@ -757,7 +762,13 @@ impl LeaderSelector {
                     if let Some(reason) = signal.reason() {
                         return Poll::Ready(Err(reason));
                     }
-                    leading.as_mut().poll(cx).map(Ok)
+                    if let Some(leadership) = leadership.take() {
+                        leading.set(Some(lead(leadership)));
+                    }
+                    match leading.as_mut().as_pin_mut() {
+                        Some(leading) => leading.poll(cx).map(Ok),
+                        None => Poll::Pending, // unreachable: set just above on the first poll
+                    }
                 })
                 .await
                 // The leader's future is dropped here, before its guard below.
