@@ -66,7 +66,11 @@
 //! are one task, so "the holder" is not known outside a scope. Such a read acquire — by the task
 //! (or thread, outside any task) that acquired a write hold of the same lock whose guards are not
 //! all released — fails at once with [`Error::UnscopedDowngrade`] instead of waiting for its own
-//! write node for ever. Any other task's read acquire queues as usual.
+//! write node for ever. Any other task's read acquire queues as usual — also that of a task the
+//! write guard was moved to: the lock knows which task *acquired* a hold, not which one holds its
+//! guard now (Curator's is the same rule with threads: a lock acquired by one thread is another
+//! thread's to wait for). Such a task's read waits until the write hold is released, so it must
+//! release the guard first, or downgrade in a scope; `acquire_timeout` bounds the mistake.
 //!
 //! # Upgrade
 //! A write acquire inside a lock scope of the read lock fails at once with [`Error::Upgrade`]:
