@@ -664,7 +664,8 @@ async fn a_timed_wait_for_leadership_keeps_the_latch_in_its_place() {
     for latch in &latches {
         latch.close().await.unwrap();
     }
-    assert!(children(&observer, &path).await.is_empty());
+    let left = children(&observer, &path).await;
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Asking a latch that already leads for leadership again fails at once with `AlreadyLeading`

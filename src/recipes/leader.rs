@@ -409,18 +409,17 @@ impl LeaderLatch {
     pub async fn close(&self) -> Result<()> {
         let _one_at_a_time = self.inner.closing.lock().await;
         let election = &self.inner.election;
-        let (task, leadership, queued) = election.update(|state| {
+        let (task, leadership) = election.update(|state| {
             if matches!(std::mem::replace(&mut state.phase, Phase::Closed), Phase::Closed) {
-                return (None, None, false);
+                return (None, None);
             }
             if state.leadership.is_some() {
                 state.emit(&LatchEvent::NotLeader { reason: LossReason::LatchClosed });
             }
             state.listeners.clear();
-            let task = state.task.take();
-            let queued = task.is_some() && state.leadership.is_none();
-            (task, state.leadership.take(), queued)
+            (state.task.take(), state.leadership.take())
         });
+        let ran = task.is_some();
         if let Some(task) = &task {
             task.abort();
         }
@@ -435,10 +434,13 @@ impl LeaderLatch {
             let _ = task.await;
         }
         ended.confirmed().await?;
-        if queued {
-            // A node whose create reply had not come is deleted by its GUID in the background:
-            // waited for. Then a round trip, answered after any delete of a known path (a
-            // session's requests are answered in order).
+        if ran {
+            // The task's last attempt is over: a node whose create reply had not come is deleted
+            // by its GUID in the background (waited for), any other by its path (the delete was
+            // sent when the attempt was dropped). A round trip after both is answered after every
+            // such delete (a session's requests are answered in order). Needed also when the
+            // latch led: a task being polled on another thread while `close` runs sees its
+            // leadership end and may queue once more before the abort takes effect.
             match election.lock.round_trip().await {
                 Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => {},
                 Err(err) => return Err(err),
@@ -572,6 +574,9 @@ fn elected(leadership: &LockGuard) -> LatchEvent {
 async fn elect(election: Arc<Election>) {
     let path = election.lock.path().to_owned();
     loop {
+        if !matches!(lock(&election.state).phase, Phase::Started) {
+            return; // closed: `close` aborts this task too, but may run while it is being polled
+        }
         let leadership = match election.lock.acquire().await {
             Ok(leadership) => leadership,
             Err(err) if retry_may_fix(&err) => {
