@@ -103,6 +103,12 @@ impl History {
         self.revoked_windows.lock().unwrap().push((who.to_owned(), from, until));
     }
 
+    /// Every hold recorded so far, in the order of their grants.
+    #[allow(dead_code)] // not every test binary using the history looks at single holds
+    pub fn holds(&self) -> Vec<HoldRecord> {
+        self.holds.lock().unwrap().clone()
+    }
+
     /// Records a grant; returns the hold's index.
     pub fn granted(&self, who: &str, guard: &LockGuard) -> usize {
         self.elected(who, guard.lock_path(), guard.fencing_token())
