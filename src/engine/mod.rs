@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tracing::{debug, Span};
+use tracing::{debug, warn, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
@@ -316,6 +316,14 @@ impl OnSession<'_> {
         loop {
             let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
             Span::current().record("sequence", node.sequence);
+            if node.sequence < 0 {
+                // The directory's counter wrapped: never granted (see `naming`, *The counter's
+                // wrap*).
+                let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
+                warn!(path = %node.path, "the lock directory's sequence counter wrapped: refusing the node");
+                pending.delete_now().await?;
+                return Err(Error::SequenceWrapped { path: self.lock.dir.clone(), name });
+            }
             match self.wait_for_turn(driver, &mut node, listing, wait).await? {
                 Turn::Acquired(own_watch) => {
                     let handoff = own_watch.is_some();

@@ -10,6 +10,28 @@
 //! directory's). A recipe's [`Queue`] names every kind of node that queues there: a mutex's
 //! `lock-` (and kazoo's `__lock__`, so a kazoo `Lock` on the same path is seen), a read/write
 //! lock's `__READ__` and `__WRIT__`. Anything else in the directory is a foreign child, ignored.
+//!
+//! # The counter's wrap
+//! The counter is the directory's internal `cversion`, a signed 32-bit number bumped by every
+//! create of a child (the `cversion` a `Stat` reports counts deletes too: twice the creates minus
+//! the children), printed with `%010d`: after `2147483647` the server names the next child
+//! `-2147483648`, then counts up through `-0000000001` to `0000000000` (ZooKeeper's Programmer's
+//! Guide says so; 2³¹ acquires of one lock path). Every lock in the family assumes that a node
+//! created later sorts later, and the wrap breaks it: numerically (ours) and as strings
+//! (Curator's and kazoo's sorts, where `-` sorts before any digit), a node created after the wrap
+//! sorts *ahead* of every node from before it — of the holder too. So:
+//! - **A node of ours with a negative sequence is never granted.** The attempt deletes it and
+//!   fails with [`Error::SequenceWrapped`](crate::Error::SequenceWrapped), before any
+//!   decision. Nothing of ours is ever held on a negative sequence, so whatever order those
+//!   nodes take among themselves (numeric here, reversed as strings) cannot matter.
+//! - **A node with a negative sequence from anyone else only delays us**: it sorts ahead of
+//!   every non-negative node here, as in Curator's and kazoo's string order, so a waiter of ours
+//!   counts it as ahead and waits for it. Ahead of a holder of ours it is a queue jump by that
+//!   client (Curator's or kazoo's lock grants it at once, beside our holder): no client can
+//!   prevent that; the README's *Limits* says so.
+//! - **Recovery**: the directory is a container node (we and Curator create it so). When no
+//!   child is left the server deletes it, and the next acquire creates it again with the
+//!   counter at 0.
 
 use uuid::Uuid;
 

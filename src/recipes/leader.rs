@@ -822,6 +822,8 @@ fn retry_may_fix(err: &Error) -> bool {
     match err {
         Error::ZooKeeper { source, .. } => transient(source),
         Error::LockNodeDeleted { .. } => true,
+        // The directory is deleted by the server once empty (a container): a fresh counter.
+        Error::SequenceWrapped { .. } => true,
         _ => false,
     }
 }
