@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -26,6 +26,10 @@ pub(crate) const LOCAL_IMAGE: &str = "zk-recipes/zookeeper:3.8-local";
 /// started, reconfigEnabled=false`), on stdout with both the official image (logback console
 /// appender) and ours (log4j console appender).
 pub(crate) const READY_LINE: &str = "PrepRequestProcessor (sid:";
+/// The data directory (`dataDir`, `ZOO_DATA_DIR`) of the official image and ours: snapshots
+/// (`version-2/snapshot.*`). Transaction logs go to `/datalog`, except in a container started
+/// from a seed, which keeps both here (as a local process does).
+pub(crate) const DATA_DIR: &str = "/data";
 /// Label holding the pid of the process that owns a container.
 pub(crate) const LABEL_PID: &str = "zk-testcontainers.owner-pid";
 /// Label holding the host name of the machine (pid namespace) of that process.
@@ -146,13 +150,14 @@ pub(crate) async fn container_log_tail(c: &ContainerAsync<GenericImage>) -> Stri
     }
 }
 
-/// Tries to start a ZooKeeper container. `Err` carries the reason Docker could not be used
-/// (the caller falls back or reports it).
-pub(crate) async fn start() -> Result<ContainerServer, String> {
-    on_bg(async { Ok(start_on_bg().await) }).await.map_err(|e| e.to_string())?
+/// Tries to start a ZooKeeper container; with `seed`, its data directory ([`DATA_DIR`]) starts
+/// as a copy of that host directory. `Err` carries the reason Docker could not be used (the
+/// caller falls back or reports it).
+pub(crate) async fn start(seed: Option<PathBuf>) -> Result<ContainerServer, String> {
+    on_bg(async move { Ok(start_on_bg(seed).await) }).await.map_err(|e| e.to_string())?
 }
 
-async fn start_on_bg() -> Result<ContainerServer, String> {
+async fn start_on_bg(seed: Option<PathBuf>) -> Result<ContainerServer, String> {
     let docker = testcontainers::core::client::docker_client_instance()
         .await
         .map_err(|e| format!("Docker is not available: {e}"))?;
@@ -170,7 +175,7 @@ async fn start_on_bg() -> Result<ContainerServer, String> {
     let mut last_err = String::new();
     for _attempt in 0..3 {
         let port = util::free_port().map_err(|e| e.to_string())?;
-        match start_container(&image, port).await {
+        match start_container(&image, port, seed.as_deref()).await {
             Ok(server) => return Ok(server),
             Err(e) => {
                 let retry = e.contains("port is already allocated") || e.contains("address already in use");
@@ -238,9 +243,9 @@ pub(crate) async fn choose_image(docker: &bollard::Docker) -> Result<String, Str
     Ok(LOCAL_IMAGE.to_string())
 }
 
-async fn start_container(image: &str, port: u16) -> Result<ContainerServer, String> {
+async fn start_container(image: &str, port: u16, seed: Option<&Path>) -> Result<ContainerServer, String> {
     let (name, tag) = split_image(image);
-    let req = GenericImage::new(name, tag)
+    let mut req = GenericImage::new(name, tag)
         .with_wait_for(WaitFor::message_on_either_std(READY_LINE))
         .with_exposed_port(2181.tcp())
         .with_mapped_port(port, 2181.tcp())
@@ -254,6 +259,18 @@ async fn start_container(image: &str, port: u16) -> Result<ContainerServer, Stri
         .with_label(LABEL_PID, std::process::id().to_string())
         .with_label(LABEL_HOST, util::hostname())
         .with_startup_timeout(Duration::from_secs(120));
+    if let Some(seed) = seed {
+        // Copied into the created container before it starts (a tar through the Docker API):
+        // nothing of the host is mounted, so the host directory is neither changed nor chowned,
+        // and the container is free to own the copy (the official image's entrypoint chowns
+        // its data directories to its `zookeeper` user; ours runs as root). Snapshots and
+        // transaction logs in one directory, as in a dataDir without a dataLogDir: ZooKeeper
+        // refuses to start on a snapshot directory with logs in it when the two differ.
+        req = req
+            .with_env_var("ZOO_DATA_DIR", DATA_DIR)
+            .with_env_var("ZOO_DATA_LOG_DIR", DATA_DIR)
+            .with_copy_to(DATA_DIR, seed.to_path_buf());
+    }
     let container = req.start().await.map_err(|e| format!("starting a container from {image} failed: {e}"))?;
 
     let host = match container.get_host().await {

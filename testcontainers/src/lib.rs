@@ -1,6 +1,8 @@
 //! Real ZooKeeper servers for tests.
 //!
-//! [`ZooKeeper::start`] gives a fresh server, [`ZooKeeper::shared`] one server per test process.
+//! [`ZooKeeper::start`] gives a fresh server, [`ZooKeeper::shared`] one server per test process,
+//! [`ZooKeeper::start_with_data_dir`] a fresh server that starts from a data directory (a
+//! snapshot) the test crafted.
 //! Where the server comes from is decided at run time, in this order:
 //!
 //! 1. `ZK_CONNECT` is set (e.g. `ZK_CONNECT=127.0.0.1:2181`): that server is used as is
@@ -60,6 +62,7 @@ mod local;
 pub mod proxy;
 mod util;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -154,9 +157,43 @@ impl ZooKeeper {
         if let Some(connect) = util::env_nonempty("ZK_CONNECT") {
             return Ok(ZooKeeper::external(&connect));
         }
+        ZooKeeper::start_managed(None).await
+    }
 
+    /// Starts a fresh server, like [`ZooKeeper::start`], whose data directory starts as a copy of
+    /// `data_dir`: a ZooKeeper `dataDir`, i.e. a `version-2/` directory with a snapshot
+    /// (`snapshot.<zxid>`) and possibly transaction logs (`log.<zxid>`). The server loads that
+    /// state as its own, so a test can begin where no test could get by requests in its time
+    /// (zk-recipes' `tests/interop/WrapSnapshot.java` writes a node whose child counter is just
+    /// below the 32-bit wrap). Returns once the server serves requests.
+    ///
+    /// `data_dir` is only read, and can be reused: a container gets the copy through the Docker
+    /// API before its server starts (nothing is mounted, so no file ownership has to match the
+    /// container's user) and keeps snapshots and logs together in `/data`; a local process gets
+    /// it in its temporary directory. [`ZooKeeper::restart`] keeps the server's current data,
+    /// not the seed's. `ZK_CONNECT` is ignored (a server the harness does not manage cannot be
+    /// given data); otherwise the server comes from Docker or a local JVM as for
+    /// [`ZooKeeper::start`], `REQUIRE_DOCKER=1` included.
+    ///
+    /// Fails with [`HarnessError::Io`] if `data_dir` has no `version-2/` directory; a server that
+    /// does not start on the data (say, a snapshot it cannot read) fails like one that does not
+    /// start at all, with the reason.
+    pub async fn start_with_data_dir(data_dir: impl AsRef<Path>) -> Result<ZooKeeper, HarnessError> {
+        let data_dir = data_dir.as_ref();
+        if !data_dir.join("version-2").is_dir() {
+            return Err(HarnessError::io(
+                format!("seeding a ZooKeeper server with {}", data_dir.display()),
+                "it has no version-2/ directory",
+                "give a ZooKeeper dataDir: version-2/snapshot.<zxid> (and log.<zxid>) files",
+            ));
+        }
+        ZooKeeper::start_managed(Some(data_dir)).await
+    }
+
+    /// A server the harness starts and manages: a container, else a local JVM.
+    async fn start_managed(seed: Option<&Path>) -> Result<ZooKeeper, HarnessError> {
         let mut attempts = Vec::new();
-        match docker::start().await {
+        match docker::start(seed.map(Path::to_path_buf)).await {
             Ok(c) => {
                 return Ok(ZooKeeper {
                     connect: c.addr.clone(),
@@ -178,7 +215,7 @@ impl ZooKeeper {
             Err(reason) => attempts.push(format!("  - Docker: {reason}")),
         }
 
-        match local::LocalServer::start().await {
+        match local::LocalServer::start(seed).await {
             Ok(l) => {
                 static TOLD: AtomicBool = AtomicBool::new(false);
                 if !TOLD.swap(true, Ordering::Relaxed) {

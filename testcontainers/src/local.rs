@@ -74,9 +74,25 @@ pub(crate) fn unavailable_reason() -> Option<String> {
     None
 }
 
+/// Copies the directory tree `from` into the existing directory `to` (files and directories).
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
 impl LocalServer {
-    /// Starts a fresh server on a free 127.0.0.1 port and waits until it serves.
-    pub(crate) async fn start() -> Result<LocalServer, String> {
+    /// Starts a fresh server on a free 127.0.0.1 port and waits until it serves; with `seed`,
+    /// its data directory starts as a copy of that directory.
+    pub(crate) async fn start(seed: Option<&Path>) -> Result<LocalServer, String> {
         if let Some(r) = unavailable_reason() {
             return Err(r);
         }
@@ -89,6 +105,12 @@ impl LocalServer {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("data")).map_err(|e| format!("creating {} failed: {e}", dir.display()))?;
+        if let Some(seed) = seed {
+            if let Err(e) = copy_dir(seed, &dir.join("data")) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(format!("copying {} to {} failed: {e}", seed.display(), dir.join("data").display()));
+            }
+        }
         let port = util::free_port().map_err(|e| e.to_string())?;
         let cfg = format!(
             "tickTime=500\ndataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\

@@ -109,6 +109,76 @@ pub fn kazoo_available() -> bool {
     )
 }
 
+/// Debian's ZooKeeper server classes (`libzookeeper-java`; `zookeeper.jar`'s manifest brings
+/// `zookeeper-jute.jar`, `slf4j-api.jar` and the rest) and a silent SLF4J binding
+/// (`libslf4j-java`), for `tests/interop/WrapSnapshot.java`.
+pub const ZOOKEEPER_SERVER_JARS: &[&str] = &["/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-nop.jar"];
+
+/// Whether `java` and [`ZOOKEEPER_SERVER_JARS`] are there for [`sequence_wrap_server`] (see
+/// [`available`]: `REQUIRE_CURATOR`, which CI sets, as for the other Java helpers).
+pub fn snapshot_writer_available() -> bool {
+    let jars = ZOOKEEPER_SERVER_JARS.iter().all(|jar| std::path::Path::new(jar).exists());
+    let java = std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
+    available(
+        jars && java,
+        "REQUIRE_CURATOR",
+        "the sequence wrap fixture writes its server's snapshot with java and Debian's ZooKeeper server classes \
+         (apt-get install openjdk-17-jdk-headless libzookeeper-java libslf4j-java)",
+    )
+}
+
+/// A fresh ZooKeeper server (container or local JVM, [`ZooKeeper::start_with_data_dir`]) on
+/// which the persistent node `dir` (one level, e.g. `/wrap`) exists without children, with the
+/// stored child counter (`cversion`) `cversion`: the server names the next sequential child of
+/// `dir` `<prefix><cversion>` (`%010d` of a Java `int`). Nothing else is on the server but
+/// `/zookeeper`. Dropping the value removes the server.
+///
+/// Near the wrap, ZooKeeper 3.8 does not simply count on (`tests/sequence_wrap.rs` pins it):
+/// from `i32::MAX - 1`, creates made one at a time get `…2147483646`, `…2147483647`, then
+/// `…2147483647` again and again (the stored counter is only ever raised, so it stays at the
+/// maximum); `…-2147483648` only for a create prepared while the `…2147483647` one is still in
+/// flight, e.g. the second create of a `multi`. A `cversion` of 0 or less (`i32::MIN`: the
+/// counter just past the wrap, a state servers stored before ZOOKEEPER-3249) gives every create
+/// a negative name, counting up: `…-2147483648`, `…-2147483647`, …
+///
+/// Creating 2³¹ children to get there is out of the question, so the server's state is crafted:
+/// `tests/interop/WrapSnapshot.java` builds the tree with ZooKeeper 3.8's own `DataTree` (from
+/// Debian's `libzookeeper-java`), for a positive `cversion` the way the server applies creates,
+/// and writes it with `FileTxnSnapLog.save` as `version-2/snapshot.<zxid>` of a data directory
+/// in `CARGO_TARGET_TMPDIR`; the server starts on a copy of it and loads it as its own. The
+/// directory is removed once the server runs. Panics if any of it fails; call
+/// [`snapshot_writer_available`] first.
+///
+/// [`ZooKeeper::start_with_data_dir`]: zk_testcontainers::ZooKeeper::start_with_data_dir
+pub async fn sequence_wrap_server(dir: &str, cversion: i32) -> zk_testcontainers::ZooKeeper {
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let data_dir = std::path::PathBuf::from(format!(
+        "{}/sequence-wrap-{}-{}",
+        env!("CARGO_TARGET_TMPDIR"),
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let written = Command::new("java")
+        .args(["-cp", &ZOOKEEPER_SERVER_JARS.join(":"), &source("WrapSnapshot.java")])
+        .arg(&data_dir)
+        .args([dir, &cversion.to_string()])
+        .output()
+        .await
+        .expect("run java (openjdk-17-jdk-headless)");
+    assert!(
+        written.status.success(),
+        "WrapSnapshot.java failed ({}): {}",
+        written.status,
+        String::from_utf8_lossy(&written.stderr)
+    );
+    let server = zk_testcontainers::ZooKeeper::start_with_data_dir(&data_dir).await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    server.unwrap_or_else(|err| {
+        panic!("a ZooKeeper server on the snapshot {}: {err}", String::from_utf8_lossy(&written.stdout).trim())
+    })
+}
+
 /// Whether kazoo's `Lock` is told about Curator-format nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KazooPatterns {
