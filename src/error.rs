@@ -148,15 +148,15 @@ pub enum Error {
         path: String,
     },
 
-    /// The server named this acquire's lock node with a negative sequence number: the lock
-    /// directory's 32-bit child counter wrapped after 2³¹ creates under it. Queue
-    /// order is no longer arrival order there (a new node would sort ahead of the holder), so the
-    /// node was deleted and nothing is held; holds granted before the wrap are unaffected. The
-    /// directory is a container node: once it is empty the server deletes it (every
-    /// `znode.container.checkIntervalMs`, 60 s by default) and the next acquire creates it again
-    /// with a fresh counter. Delete the empty directory yourself to recover sooner, or use
-    /// another lock path. See the README's *Limits*.
-    #[error("the lock node created under {path:?} was named {name:?}: the directory's sequence counter wrapped (2^31 children created), so queue order is no longer arrival order; the node was deleted and nothing is held. Once the directory is empty the server deletes it (a container) and the next acquire starts a fresh counter; delete the empty directory to recover at once")]
+    /// The server named this acquire's lock node at or past the end of the lock directory's
+    /// 32-bit child counter (2147483647, repeated by ZooKeeper 3.6+ once reached, or a negative
+    /// number): after 2³¹ creates under one path, queue order is no longer arrival order (a new
+    /// node may sort ahead of the holder), so the node was deleted and nothing is held; holds
+    /// granted before are unaffected. The directory is a container node: once it is empty the
+    /// server deletes it (every `znode.container.checkIntervalMs`, 60 s by default) and the next
+    /// acquire creates it again with a fresh counter. Delete the empty directory yourself to
+    /// recover sooner, or use another lock path. See the README's *Limits*.
+    #[error("the lock node created under {path:?} was named {name:?}: the directory's sequence counter is used up (2^31 children created), so queue order is no longer arrival order; the node was deleted and nothing is held. Once the directory is empty the server deletes it (a container) and the next acquire starts a fresh counter; delete the empty directory to recover at once")]
     SequenceWrapped {
         /// The lock path.
         path: String,

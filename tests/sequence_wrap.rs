@@ -22,9 +22,10 @@
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::interop::{lock_sequence, sequence_wrap_server, snapshot_writer_available};
+use zk_recipes::{Error, InterProcessMutex, LockState};
 use zookeeper_client as zk;
 
 /// The crafted lock directory.
@@ -112,4 +113,81 @@ async fn the_crafted_server_names_lock_nodes_across_the_wrap() {
     drop(client);
     drop(zk);
     eprintln!("took {:?}", started.elapsed());
+}
+
+/// The library at the counter's end (`src/engine/naming.rs`, *The counter's end*): on `/wrap`
+/// crafted at 2147483646, the first acquire is granted with the last unique number below the
+/// end; every later one is named `…2147483647` (repeated) by the server and fails at once with
+/// `Error::SequenceWrapped`, its node deleted — `acquire`, `acquire_timeout` and `try_acquire`
+/// alike — while the holder stays `Held` and its fenced write still commits. Nothing is left
+/// while the sessions are open. Deleting the empty directory (what the container reaper does)
+/// starts a fresh counter: the next acquire is granted at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_node_at_the_counters_end_is_never_granted() {
+    if !snapshot_writer_available() {
+        return;
+    }
+    let zk = sequence_wrap_server(DIR, i32::MAX - 1).await;
+    let (holder_client, other_client, observer) =
+        (zk.client().await.expect("connect"), zk.client().await.expect("connect"), zk.client().await.expect("connect"));
+    let holder = InterProcessMutex::new(holder_client.clone(), DIR).unwrap();
+    let held = holder.acquire().await.expect("the first acquire, below the counter's end");
+    assert_eq!(held.sequence(), 2147483646);
+
+    let other = InterProcessMutex::new(other_client.clone(), DIR).unwrap();
+    for attempt in 0..3 {
+        let refused = match attempt {
+            // Bounded so that a node the library wrongly queues fails the test, not hangs it.
+            0 => tokio::time::timeout(Duration::from_secs(10), other.acquire())
+                .await
+                .unwrap_or_else(|_| panic!("the acquire at the counter's end waited instead of failing"))
+                .map(drop),
+            1 => other.acquire_timeout(Duration::from_secs(10)).await.map(drop),
+            _ => other.try_acquire().await.map(drop),
+        };
+        match refused {
+            Err(Error::SequenceWrapped { path, name }) => {
+                assert_eq!(path, DIR);
+                assert!(name.ends_with("-lock-2147483647"), "attempt {attempt}: {name}");
+            },
+            other => panic!("attempt {attempt} at the counter's end: {other:?}"),
+        }
+        assert!(!other.is_acquired_in_this_process());
+        assert_eq!(held.state(), LockState::Held, "the holder is unaffected");
+        let left = observer.list_children(DIR).await.expect("list /wrap");
+        assert_eq!(left.len(), 1, "attempt {attempt}: the refused node is deleted when the error returns: {left:?}");
+    }
+    let mut fenced = held.fenced_writer();
+    fenced.add_check_version(DIR, -1).unwrap();
+    fenced.commit().await.expect("the holder's fenced write");
+    held.release().await.unwrap();
+    assert!(observer.list_children(DIR).await.expect("list /wrap").is_empty(), "nothing left");
+
+    // Recovery: the empty directory deleted, the counter starts again.
+    observer.delete(DIR, None).await.expect("delete the empty lock directory");
+    let fresh = other.acquire().await.expect("an acquire on a fresh counter");
+    assert_eq!(fresh.sequence(), 0);
+    fresh.release().await.unwrap();
+    drop((holder_client, other_client));
+}
+
+/// A negative sequence (the counter wrapped: crafted at `i32::MIN`, as an older server, or a
+/// create prepared beside the one at the end, names it) is refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_node_with_a_negative_sequence_is_never_granted() {
+    if !snapshot_writer_available() {
+        return;
+    }
+    let zk = sequence_wrap_server(DIR, i32::MIN).await;
+    let (client, observer) = (zk.client().await.expect("connect"), zk.client().await.expect("connect"));
+    let lock = InterProcessMutex::new(client.clone(), DIR).unwrap();
+    match lock.acquire().await {
+        Err(Error::SequenceWrapped { name, .. }) => {
+            assert_eq!(lock_sequence(&name), Some(-2147483648), "{name}")
+        },
+        other => panic!("a negative sequence: {other:?}"),
+    }
+    let left = observer.list_children(DIR).await.expect("list /wrap");
+    assert!(left.is_empty(), "the refused node is deleted when the error returns: {left:?}");
+    assert!(matches!(client.check_stat("/").await, Ok(Some(_))), "the session is still open");
 }

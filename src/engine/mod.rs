@@ -316,11 +316,11 @@ impl OnSession<'_> {
         loop {
             let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
             Span::current().record("sequence", node.sequence);
-            if node.sequence < 0 {
-                // The directory's counter wrapped: never granted (see `naming`, *The counter's
-                // wrap*).
+            if !naming::in_counter_range(node.sequence) {
+                // At or past the end of the directory's counter: never granted (see `naming`,
+                // *The counter's end*).
                 let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
-                warn!(path = %node.path, "the lock directory's sequence counter wrapped: refusing the node");
+                warn!(path = %node.path, "the lock directory's sequence counter is used up: refusing the node");
                 pending.delete_now().await?;
                 return Err(Error::SequenceWrapped { path: self.lock.dir.clone(), name });
             }

@@ -11,24 +11,36 @@
 //! `lock-` (and kazoo's `__lock__`, so a kazoo `Lock` on the same path is seen), a read/write
 //! lock's `__READ__` and `__WRIT__`. Anything else in the directory is a foreign child, ignored.
 //!
-//! # The counter's wrap
-//! The counter is the directory's internal `cversion`, a signed 32-bit number bumped by every
-//! create of a child (the `cversion` a `Stat` reports counts deletes too: twice the creates minus
-//! the children), printed with `%010d`: after `2147483647` the server names the next child
-//! `-2147483648`, then counts up through `-0000000001` to `0000000000` (ZooKeeper's Programmer's
-//! Guide says so; 2³¹ acquires of one lock path). Every lock in the family assumes that a node
-//! created later sorts later, and the wrap breaks it: numerically (ours) and as strings
-//! (Curator's and kazoo's sorts, where `-` sorts before any digit), a node created after the wrap
-//! sorts *ahead* of every node from before it — of the holder too. So:
-//! - **A node of ours with a negative sequence is never granted.** The attempt deletes it and
-//!   fails with [`Error::SequenceWrapped`](crate::Error::SequenceWrapped), before any
-//!   decision. Nothing of ours is ever held on a negative sequence, so whatever order those
-//!   nodes take among themselves (numeric here, reversed as strings) cannot matter.
-//! - **A node with a negative sequence from anyone else only delays us**: it sorts ahead of
-//!   every non-negative node here, as in Curator's and kazoo's string order, so a waiter of ours
-//!   counts it as ahead and waits for it. Ahead of a holder of ours it is a queue jump by that
-//!   client (Curator's or kazoo's lock grants it at once, beside our holder): no client can
-//!   prevent that; the README's *Limits* says so.
+//! # The counter's end
+//! The counter is the directory's stored `cversion`, a signed 32-bit number bumped by every create
+//! of a child (the `cversion` a `Stat` reports is another number: twice the creates minus the
+//! children), printed with `%010d`. It runs out after 2³¹ creates under one lock path, and then
+//! the server breaks the rule every lock in the family rests on — a node created later sorts
+//! later:
+//! - A ZooKeeper 3.6+ server (ZOOKEEPER-3249: applying a create only ever raises the stored
+//!   counter) names every create after `…2147483647` `…2147483647` again: sequence numbers repeat,
+//!   and the order among equal numbers is the names' (random GUIDs), not arrival.
+//! - A create prepared while the one named `…2147483647` is still being applied — the next op of
+//!   a `multi`, or another session's create at that moment —, and every create on older servers,
+//!   is named `-2147483648` and up (`-000000001` is -1): ahead of every node from before, the holder's too, both
+//!   numerically (ours) and as strings (Curator's and kazoo's sorts, where `-` sorts before any
+//!   digit).
+//!
+//! `tests/sequence_wrap.rs` pins both on a real server started from a crafted snapshot. So:
+//! - **A node of ours whose sequence is not in `0..2147483647` is never granted**
+//!   ([`in_counter_range`]): the attempt deletes it and fails with
+//!   [`Error::SequenceWrapped`](crate::Error::SequenceWrapped) before any decision. The last
+//!   number, 2147483647, is refused too: the first node to get it is unique, but a later one may
+//!   get it again and sort ahead. Every node of ours that is held or waits therefore has a unique
+//!   sequence below every number a later create can get, repeated or wrapped — except a wrapped
+//!   one, which sorts ahead of it:
+//! - **A node at or past the counter's end from anyone else only delays us**: a repeated
+//!   `…2147483647` sorts after every node of ours that can hold, and a negative one sorts ahead
+//!   of every non-negative node, here as in Curator's and kazoo's string order: a waiter of ours
+//!   that lists the directory counts it as ahead and waits for it. But that client's own lock
+//!   grants it at once, as the first node in its order, beside our holder or beside a waiter of
+//!   ours granted from its view (which never sees nodes created after its last listing): a queue
+//!   jump no client can prevent; the README's *Limits* says so.
 //! - **Recovery**: the directory is a container node (we and Curator create it so). When no
 //!   child is left the server deletes it, and the next acquire creates it again with the
 //!   counter at 0.
@@ -79,14 +91,25 @@ impl PartialOrd for LockChild {
     }
 }
 
+/// Whether a node of ours with this sequence number may be granted: below the end of the
+/// directory's 32-bit counter, where sequence numbers are unique and grow (see *The counter's
+/// end* above).
+pub(crate) fn in_counter_range(sequence: i64) -> bool {
+    (0..i64::from(i32::MAX)).contains(&sequence)
+}
+
 /// Parses the sequence number of a lock node name: the digits after the last `lock_name`.
 ///
 /// Returns `None` for anything else (a foreign child), which must never block or grant the lock.
 pub(crate) fn parse_sequence(name: &str, lock_name: &str) -> Option<i64> {
     let at = name.rfind(lock_name)?;
     let digits = &name[at + lock_name.len()..];
-    let unsigned = digits.strip_prefix('-').unwrap_or(digits);
-    if unsigned.len() < 10 || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+    // `%010d`: ten characters at least, the sign of a negative number (after the wrap) included.
+    let (unsigned, width) = match digits.strip_prefix('-') {
+        Some(unsigned) => (unsigned, 9),
+        None => (digits, 10),
+    };
+    if unsigned.len() < width || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok()
@@ -117,6 +140,8 @@ mod tests {
         assert_eq!(parse_sequence("lock-0000000007", "lock-"), Some(7));
         assert_eq!(parse_sequence("lock-0000000000000000009", "lock-"), Some(9));
         assert_eq!(parse_sequence("lock--2147483648", "lock-"), Some(-2147483648));
+        assert_eq!(parse_sequence("lock--000000001", "lock-"), Some(-1), "Java's %010d of -1");
+        assert_eq!(parse_sequence("lock--00000001", "lock-"), None);
     }
 
     #[test]
