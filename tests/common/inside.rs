@@ -12,9 +12,10 @@
 //! recorded stays are never longer than the real ones — an overlap recorded is an overlap that
 //! happened.
 //!
-//! A check that fails in a spawned acquirer panics there (the test fails when it joins the task);
-//! the holder's guard is then dropped without a leave call, so later checks may fail because of
-//! it: every message names the violations found before it, the first one is the cause.
+//! A holder granted against the rules is recorded inside all the same. A check that fails in a
+//! spawned acquirer panics there (the test fails when it joins the task), and the holder's guard
+//! is then dropped without a leave call, so later checks may fail because of it: every message
+//! names the violations found before it, the first one is the cause.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -87,27 +88,39 @@ impl Inside {
     /// A read of `who` was granted: no writer may be inside.
     #[track_caller]
     pub fn read_granted(&self, who: &str) {
-        self.check(|state| match &state.writer {
-            Some(writer) => Err(format!("{who} was granted a read while {writer} holds the write lock")),
-            None => {
-                state.readers.push(Reader { who: who.to_owned(), downgraded: false });
-                state.granted.push(who.to_owned());
-                Ok(())
-            },
+        self.check(|state| {
+            let outcome = match &state.writer {
+                Some(writer) => Err(format!("{who} was granted a read while {writer} holds the write lock")),
+                None => Ok(()),
+            };
+            // Inside, whether it should be or not.
+            state.readers.push(Reader { who: who.to_owned(), downgraded: false });
+            state.granted.push(who.to_owned());
+            outcome
         });
     }
 
     /// A write of `who` was granted: nobody may be inside.
     #[track_caller]
     pub fn write_granted(&self, who: &str) {
-        self.check(|state| {
-            if state.writer.is_some() || !state.readers.is_empty() {
-                return Err(format!("{who} was granted the write lock while others are inside"));
-            }
-            state.writer = Some(who.to_owned());
-            state.granted.push(who.to_owned());
+        if let Err(message) = self.try_write_granted(who) {
+            panic!("{message}");
+        }
+    }
+
+    /// As [`write_granted`](Self::write_granted), returning the violation (recorded all the same)
+    /// instead of panicking: for a test that reports it after assertions of its own.
+    pub fn try_write_granted(&self, who: &str) -> Result<(), String> {
+        let mut state = self.state();
+        let outcome = if state.writer.is_some() || !state.readers.is_empty() {
+            Err(state.violation(format!("{who} was granted the write lock while others are inside")))
+        } else {
             Ok(())
-        });
+        };
+        // Inside, whether it should be or not (the earlier writer, if any, is no longer recorded).
+        state.writer = Some(who.to_owned());
+        state.granted.push(who.to_owned());
+        outcome
     }
 
     /// The write holder `who` downgraded: a read granted beside its own write hold.
