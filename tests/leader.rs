@@ -456,8 +456,16 @@ async fn a_managed_latch_loses_leadership_to_an_expiry_and_leads_again_on_the_ne
 
     // Rejoin: queued on the new session behind the waiter, elected when it steps down.
     let again = tokio::spawn({
-        let latch = latch.clone();
-        async move { latch.acquire_once().await.unwrap() }
+        let (latch, waiter, waiter_signal) = (latch.clone(), waiter.clone(), waiter_leads.loss_signal());
+        async move {
+            let elected = latch.acquire_once().await.unwrap();
+            // At the grant: the waiter stepped down.
+            assert!(
+                waiter_signal.is_released() && !waiter.has_leadership(),
+                "rejoined latch elected while the waiter leads"
+            );
+            elected
+        }
     });
     eventually(Duration::from_secs(10), "rejoined", || async { waiter.participants().await.unwrap().len() == 2 }).await;
     let ours = waiter.participants().await.unwrap().into_iter().find(|p| p.id() == "managed").expect("our node");
@@ -656,10 +664,13 @@ async fn a_timed_wait_for_leadership_keeps_the_latch_in_its_place() {
     let _ = tokio::time::timeout(Duration::from_millis(50), latches[1].await_leadership()).await;
 
     latches[0].close().await.unwrap();
-    drop(leadership);
     let elected = tokio::time::timeout(Duration::from_secs(10), latches[1].await_leadership()).await.unwrap().unwrap();
+    // At b's grant (the 300 ms timed wait above is a fixed window): a no longer leads.
+    assert!(!latches[0].has_leadership(), "at b's grant, a still leads");
+    assert_eq!(leadership.state(), LockState::Lost(LossReason::LatchClosed), "at b's grant, a's guard");
     assert_eq!(elected.lock_path(), b_node.path, "elected from the place it kept");
     assert!(!latches[2].has_leadership(), "at b's grant, c does not lead");
+    drop(leadership);
     drop(elected);
     for latch in &latches {
         latch.close().await.unwrap();

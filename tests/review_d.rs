@@ -23,6 +23,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::inside::Inside;
 use common::*;
 use zk_recipes::InterProcessReadWriteLock;
 use zookeeper_client as zk;
@@ -62,13 +63,20 @@ async fn curator_downgraded_read_node(curator: &zk::Client, path: &str, write_su
 async fn our_writer_queued_after_a_curator_5_5_downgraded_read_waits_for_it() {
     let path = unique_path("rd-curator55-after");
     let curator = client().await;
+    // Who is inside, checked at every grant: a grant after the fixed windows below fails too.
+    let inside = Inside::new();
     let (write_node, suffix) = curator_write_node(&curator, &path).await;
+    inside.write_granted("curator");
 
     // Our reader queues behind Curator's writer (and merges its listing into the view).
     let readers = InterProcessReadWriteLock::new(client().await, &path).unwrap();
     let reader = tokio::spawn({
-        let read = readers.read_lock();
-        async move { read.acquire().await.unwrap() }
+        let (read, inside) = (readers.read_lock(), inside.clone());
+        async move {
+            let guard = read.acquire().await.unwrap();
+            inside.read_granted("our reader");
+            guard
+        }
     });
     eventually(Duration::from_secs(10), "our reader queued", || async { children(&curator, &path).await.len() == 2 })
         .await;
@@ -76,6 +84,8 @@ async fn our_writer_queued_after_a_curator_5_5_downgraded_read_waits_for_it() {
 
     // Curator 5.5+ downgrades, then releases its write lock: its read lock stays held.
     let read_node = curator_downgraded_read_node(&curator, &path, &suffix).await;
+    inside.downgrade_granted("curator");
+    inside.write_releasing("curator");
     curator.delete(&write_node, None).await.unwrap();
     let shared = tokio::time::timeout(Duration::from_secs(10), reader).await;
     let our_read = shared.expect("our reader shares with Curator's read").unwrap();
@@ -83,8 +93,12 @@ async fn our_writer_queued_after_a_curator_5_5_downgraded_read_waits_for_it() {
     // A writer of ours queues behind both reads.
     let writers = InterProcessReadWriteLock::new(client().await, &path).unwrap();
     let writer = tokio::spawn({
-        let write = writers.write_lock();
-        async move { write.acquire().await.unwrap() }
+        let (write, inside) = (writers.write_lock(), inside.clone());
+        async move {
+            let guard = write.acquire().await.unwrap();
+            // Checked at the grant, reported after the test's own assertion.
+            (guard, inside.try_write_granted("our writer"))
+        }
     });
     eventually(Duration::from_secs(10), "our writer queued", || async { children(&curator, &path).await.len() == 3 })
         .await;
@@ -92,19 +106,25 @@ async fn our_writer_queued_after_a_curator_5_5_downgraded_read_waits_for_it() {
     assert!(!writer.is_finished(), "our writer granted while two readers hold");
 
     // Our reader leaves; Curator's downgraded read still holds.
+    inside.read_releasing("our reader");
     our_read.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let slipped_in = writer.is_finished();
 
+    inside.read_releasing("curator");
     curator.delete(&read_node, None).await.unwrap();
     let granted = tokio::time::timeout(Duration::from_secs(10), writer).await;
-    let granted = granted.expect("granted once Curator's read is gone").unwrap();
+    let (granted, at_grant) = granted.expect("granted once Curator's read is gone").unwrap();
+    inside.write_releasing("our writer");
     granted.release().await.unwrap();
     assert!(
         !slipped_in,
         "our writer was granted while Curator (>= 5.5)'s downgraded read node `{read_node}` (sequence {suffix}, \
          below the writer's) still held: the directory view never learns of a node created below its covered range"
     );
+    if let Err(violation) = at_grant {
+        panic!("checked at our writer's grant (after the 1 s window): {violation}");
+    }
     assert_no_nodes_left(&curator, &path).await;
 }
 
@@ -116,12 +136,19 @@ async fn our_writer_queued_after_a_curator_5_5_downgraded_read_waits_for_it() {
 async fn curator_5_5_downgrade_keeps_our_writer_queued_before_its_read_out() {
     let path = unique_path("rd-curator55-before");
     let curator = client().await;
+    // Who is inside, checked at every grant: a grant after the fixed window below fails too.
+    let inside = Inside::new();
     let (write_node, suffix) = curator_write_node(&curator, &path).await;
+    inside.write_granted("curator");
 
     let ours = InterProcessReadWriteLock::new(client().await, &path).unwrap();
     let writer = tokio::spawn({
-        let write = ours.write_lock();
-        async move { write.acquire().await.unwrap() }
+        let (write, inside) = (ours.write_lock(), inside.clone());
+        async move {
+            let guard = write.acquire().await.unwrap();
+            // Checked at the grant, reported after the test's own assertion.
+            (guard, inside.try_write_granted("our writer"))
+        }
     });
     eventually(Duration::from_secs(10), "our writer queued", || async { children(&curator, &path).await.len() == 2 })
         .await;
@@ -131,19 +158,26 @@ async fn curator_5_5_downgrade_keeps_our_writer_queued_before_its_read_out() {
     // write lock. Curator's own writer queued where ours is would keep waiting (its test
     // `testContendingDowngrading`).
     let read_node = curator_downgraded_read_node(&curator, &path, &suffix).await;
+    inside.downgrade_granted("curator");
+    inside.write_releasing("curator");
     curator.delete(&write_node, None).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let slipped_in = writer.is_finished();
 
+    inside.read_releasing("curator");
     curator.delete(&read_node, None).await.unwrap();
     let granted = tokio::time::timeout(Duration::from_secs(10), writer).await;
-    let granted = granted.expect("granted once Curator's read is gone").unwrap();
+    let (granted, at_grant) = granted.expect("granted once Curator's read is gone").unwrap();
+    inside.write_releasing("our writer");
     granted.release().await.unwrap();
     assert!(
         !slipped_in,
         "our writer was granted while Curator (>= 5.5)'s downgraded read `{read_node}` held \
          (Curator's own writer waits here)"
     );
+    if let Err(violation) = at_grant {
+        panic!("checked at our writer's grant (after the 1 s window): {violation}");
+    }
     assert_no_nodes_left(&curator, &path).await;
 }
 
@@ -157,7 +191,20 @@ async fn other_readers_come_in_beside_a_downgraded_read() {
     let path = unique_path("rd-downgrade-readers");
     let ours = InterProcessReadWriteLock::new(client().await, &path).unwrap();
     let read = ours.read_lock();
-    let downgraded = ours.write_lock().with_lock(|_write| async move { read.acquire().await.unwrap() }).await.unwrap();
+    // Who is inside, checked at every grant.
+    let inside = Inside::new();
+    let scope_inside = inside.clone();
+    let downgraded = ours
+        .write_lock()
+        .with_lock(|_write| async move {
+            scope_inside.write_granted("ours");
+            let downgraded = read.acquire().await.unwrap();
+            scope_inside.downgrade_granted("ours");
+            scope_inside.write_releasing("ours");
+            downgraded
+        })
+        .await
+        .unwrap();
 
     let other = InterProcessReadWriteLock::new(client().await, &path).unwrap();
     // Writers stay out during the downgrade (kept today).
@@ -166,8 +213,11 @@ async fn other_readers_come_in_beside_a_downgraded_read() {
     let shared = tokio::time::timeout(Duration::from_secs(5), other.read_lock().acquire()).await;
     let came_in = matches!(shared, Ok(Ok(_)));
     if let Ok(Ok(guard)) = shared {
+        inside.read_granted("other reader");
+        inside.read_releasing("other reader");
         guard.release().await.unwrap();
     }
+    inside.read_releasing("ours");
     downgraded.release().await.unwrap();
     assert!(
         came_in,

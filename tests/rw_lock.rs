@@ -2,13 +2,16 @@
 //! the downgrade (Curator 5.5's layout: readers come in, no writer slips in, also one queued before
 //! the read node; fenced writes checked by the server; refused in a lost write scope; cancelled
 //! without a trace), the upgrade refused, re-entry, a read by the write holder outside a scope
-//! refused, no listing per reader on a writer's release, no node left.
+//! refused, no listing per reader on a writer's release, no node left. Exclusion is checked at
+//! every grant (`common/inside.rs`), so a grant that comes after a test's fixed window still fails
+//! it; the fixed windows stay as extra checks.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::inside::Inside;
 use common::*;
 use zk_recipes::{Error, FencedWriteError, InterProcessReadWriteLock, LockState, LossReason};
 use zk_testcontainers::{op, FaultProxy};
@@ -29,22 +32,32 @@ async fn queue(path: &str) -> Vec<String> {
 async fn readers_share_and_writers_exclude() {
     let path = unique_path("rw-share");
     let (a, b, c) = (rw(&path).await, rw(&path).await, rw(&path).await);
+    // Who is inside, checked at every grant (the fixed windows below are extra checks).
+    let inside = Inside::new();
     let r1 = a.read_lock().acquire().await.unwrap();
+    inside.read_granted("r1");
     let r2 = tokio::time::timeout(Duration::from_secs(10), b.read_lock().acquire())
         .await
         .expect("a second reader is granted while the first holds")
         .unwrap();
+    inside.read_granted("r2");
     assert_ne!(r1.fencing_token(), r2.fencing_token());
     assert!(c.write_lock().try_acquire().await.unwrap().is_none(), "a writer is excluded by readers");
     assert!(queue(&path).await.iter().all(|name| name.contains("__READ__")), "try_acquire left its node");
     let writer = tokio::spawn({
-        let write = c.write_lock();
-        async move { write.acquire().await.unwrap() }
+        let (write, inside) = (c.write_lock(), inside.clone());
+        async move {
+            let guard = write.acquire().await.unwrap();
+            inside.write_granted("writer");
+            guard
+        }
     });
     eventually(Duration::from_secs(10), "writer queued", || async { queue(&path).await.len() == 3 }).await;
+    inside.read_releasing("r1");
     r1.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!writer.is_finished(), "writer granted while a reader still holds");
+    inside.read_releasing("r2");
     r2.release().await.unwrap();
     let w = tokio::time::timeout(Duration::from_secs(10), writer).await.expect("writer granted").unwrap();
     assert_eq!(w.state(), LockState::Held);
@@ -55,6 +68,7 @@ async fn readers_share_and_writers_exclude() {
     let names = queue(&path).await;
     assert_eq!(names.len(), 1, "{names:?}");
     assert!(names[0].starts_with("_c_") && names[0].contains("-__WRIT__"), "{names:?}");
+    inside.write_releasing("writer");
     w.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }
@@ -66,38 +80,55 @@ async fn readers_share_and_writers_exclude() {
 async fn a_writers_release_lets_the_readers_up_to_the_next_writer_in_without_listings() {
     let path = unique_path("rw-fair");
     let holder = rw(&path).await;
+    // Who is inside, checked at every grant (the fixed windows below are extra checks).
+    let inside = Inside::new();
     let held = holder.write_lock().acquire().await.unwrap();
+    inside.write_granted("holder");
     // The waiters' session goes through a (passing) proxy that counts its requests.
     let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
     let waiters_client = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
     let waiting = InterProcessReadWriteLock::new(waiters_client, &path).unwrap();
     let mut readers = Vec::new();
-    let spawn_reader = |lock: &InterProcessReadWriteLock| {
-        let read = lock.read_lock();
-        tokio::spawn(async move { read.acquire().await.unwrap() })
+    let spawn_reader = |lock: &InterProcessReadWriteLock, who: String| {
+        let (read, inside) = (lock.read_lock(), inside.clone());
+        tokio::spawn(async move {
+            let guard = read.acquire().await.unwrap();
+            inside.read_granted(&who);
+            if who == "late-reader" {
+                // Fair: queued behind the second writer, it comes in only after that writer.
+                inside.granted_after(&who, "second-writer");
+            }
+            guard
+        })
     };
-    for _ in 0..3 {
-        readers.push(spawn_reader(&waiting));
+    for i in 0..3 {
+        readers.push((format!("reader-{i}"), spawn_reader(&waiting, format!("reader-{i}"))));
         eventually(Duration::from_secs(10), "reader queued", || async {
             queue(&path).await.len() == readers.len() + 1
         })
         .await;
     }
     let second_writer = tokio::spawn({
-        let write = rw(&path).await.write_lock();
-        async move { write.acquire().await.unwrap() }
+        let (write, inside) = (rw(&path).await.write_lock(), inside.clone());
+        async move {
+            let guard = write.acquire().await.unwrap();
+            inside.write_granted("second-writer");
+            guard
+        }
     });
     eventually(Duration::from_secs(10), "writer queued", || async { queue(&path).await.len() == 5 }).await;
-    let late_reader = spawn_reader(&waiting);
+    let late_reader = spawn_reader(&waiting, "late-reader".to_owned());
     eventually(Duration::from_secs(10), "late reader queued", || async { queue(&path).await.len() == 6 }).await;
     // Let every waiter set its watches before the handoff.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = proxy.requests();
+    inside.write_releasing("holder");
     held.release().await.unwrap();
     let mut granted = Vec::new();
-    for reader in readers {
-        granted.push(tokio::time::timeout(Duration::from_secs(10), reader).await.expect("reader granted").unwrap());
+    for (who, reader) in readers {
+        granted
+            .push((who, tokio::time::timeout(Duration::from_secs(10), reader).await.expect("reader granted").unwrap()));
     }
     let after = proxy.requests();
     let listings: u64 = [op::GET_CHILDREN, op::GET_CHILDREN2]
@@ -116,14 +147,17 @@ async fn a_writers_release_lets_the_readers_up_to_the_next_writer_in_without_lis
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!second_writer.is_finished(), "the writer was granted while readers hold");
     assert!(!late_reader.is_finished(), "a reader queued behind a waiting writer was let in ahead of it");
-    for guard in granted {
+    for (who, guard) in granted {
+        inside.read_releasing(&who);
         guard.release().await.unwrap();
     }
     let w = tokio::time::timeout(Duration::from_secs(10), second_writer).await.expect("writer granted").unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!late_reader.is_finished(), "a reader was granted while the writer holds");
+    inside.write_releasing("second-writer");
     w.release().await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), late_reader).await.expect("late reader granted").unwrap();
+    inside.read_releasing("late-reader");
     r.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }
@@ -142,35 +176,50 @@ async fn downgrade_lets_readers_in_and_keeps_every_writer_out_while_the_read_las
     let scoped_read = read.clone();
     let other_client = client().await;
     let other = InterProcessReadWriteLock::new(other_client.clone(), &path).unwrap();
-    let spawn_writer = || {
-        let write = other.write_lock();
-        tokio::spawn(async move { write.acquire().await.unwrap() })
+    // Who is inside, checked at every grant (the fixed windows below are extra checks): a writer
+    // granted while the downgraded read lasts fails at its grant, however late it comes.
+    let inside = Inside::new();
+    let spawn_writer = |who: &'static str| {
+        let (write, inside) = (other.write_lock(), inside.clone());
+        tokio::spawn(async move {
+            let guard = write.acquire().await.unwrap();
+            inside.write_granted(who);
+            guard
+        })
     };
-    let spawn_reader = || {
-        let read = other.read_lock();
-        tokio::spawn(async move { read.acquire().await.unwrap() })
+    let spawn_reader = |who: &'static str| {
+        let (read, inside) = (other.read_lock(), inside.clone());
+        tokio::spawn(async move {
+            let guard = read.acquire().await.unwrap();
+            inside.read_granted(who);
+            guard
+        })
     };
-    let inner_path = path.clone();
+    let (inner_path, scope_inside) = (path.clone(), inside.clone());
     let (first_reader, first_writer, read_guard, write_token, write_sequence) = write
         .with_lock(|write_guard| async move {
+            scope_inside.write_granted("ours");
             // A reader, then a writer, queue between our write node and the read node we are about
             // to create.
-            let first_reader = spawn_reader();
+            let first_reader = spawn_reader("first-reader");
             eventually(Duration::from_secs(10), "reader queued", || async { queue(&inner_path).await.len() == 2 })
                 .await;
-            let first_writer = spawn_writer();
+            let first_writer = spawn_writer("first-writer");
             eventually(Duration::from_secs(10), "writer queued", || async { queue(&inner_path).await.len() == 3 })
                 .await;
             let read_guard = tokio::time::timeout(Duration::from_secs(5), scoped_read.acquire())
                 .await
                 .expect("the downgrade is granted at once")
                 .unwrap();
+            scope_inside.downgrade_granted("ours");
             assert_ne!(read_guard.fencing_token(), write_guard.fencing_token(), "the read hold has its own token");
             assert_eq!(read_guard.sequence(), write_guard.sequence(), "the read node sorts at the write node's place");
             let read_name = read_guard.lock_path().rsplit('/').next().unwrap().to_owned();
             let suffix = format!("__READ__{:010}", write_guard.sequence());
             assert!(read_name.starts_with("_c_") && read_name.ends_with(&suffix), "{read_name}");
             assert!(!first_reader.is_finished(), "a reader came in beside our write lock");
+            // The scope's end releases the write lock.
+            scope_inside.write_releasing("ours");
             (first_reader, first_writer, read_guard, write_guard.fencing_token(), write_guard.sequence())
         })
         .await
@@ -182,7 +231,7 @@ async fn downgrade_lets_readers_in_and_keeps_every_writer_out_while_the_read_las
         .await
         .expect("a reader comes in beside the downgraded read")
         .unwrap();
-    let second_writer = spawn_writer();
+    let second_writer = spawn_writer("second-writer");
     eventually(Duration::from_secs(10), "second writer queued", || async { queue(&path).await.len() == 4 }).await;
     let names = queue(&path).await;
     assert!(names[0].contains("__READ__") && names[0].ends_with(&format!("{write_sequence:010}")), "{names:?}");
@@ -196,16 +245,20 @@ async fn downgrade_lets_readers_in_and_keeps_every_writer_out_while_the_read_las
     fenced.commit().await.expect("a fenced write through the downgraded read (its write lock released)");
 
     // The other reader leaves: the downgraded read alone still keeps both writers out.
+    inside.read_releasing("first-reader");
     other_read.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!first_writer.is_finished(), "a writer was granted beside the downgraded read");
+    inside.read_releasing("ours");
     read_guard.release().await.unwrap();
     let w1 = tokio::time::timeout(Duration::from_secs(10), first_writer).await.expect("first writer granted").unwrap();
     assert!(w1.fencing_token().as_i64() > write_token.as_i64());
     assert!(!second_writer.is_finished());
+    inside.write_releasing("first-writer");
     w1.release().await.unwrap();
     let w2 =
         tokio::time::timeout(Duration::from_secs(10), second_writer).await.expect("second writer granted").unwrap();
+    inside.write_releasing("second-writer");
     w2.release().await.unwrap();
     assert_no_nodes_left_while_open(&client().await, &path, &[ours_client, other_client], Duration::from_secs(10))
         .await;
@@ -414,16 +467,35 @@ async fn upgrade_is_refused_and_reentry_works() {
 async fn timed_out_and_cancelled_reads_leave_no_node() {
     let path = unique_path("rw-cancel");
     let writer = rw(&path).await;
+    // Who is inside, checked at every grant.
+    let inside = Inside::new();
     let held = writer.write_lock().acquire().await.unwrap();
+    inside.write_granted("writer");
     let reader_client = client().await;
     let reader = InterProcessReadWriteLock::new(reader_client.clone(), &path).unwrap();
     assert!(reader.read_lock().acquire_timeout(Duration::from_millis(300)).await.unwrap().is_none());
     let read = reader.read_lock();
-    let waiting = tokio::spawn(async move { read.acquire().await });
+    let waiting = tokio::spawn({
+        let inside = inside.clone();
+        async move {
+            let acquired = read.acquire().await;
+            if acquired.is_ok() {
+                inside.read_granted("cancelled-reader");
+            }
+            acquired
+        }
+    });
     eventually(Duration::from_secs(10), "reader queued", || async { queue(&path).await.len() == 2 }).await;
     waiting.abort();
+    // Cancelled while waiting, or its grant (before the abort took effect) was checked.
+    if let Err(err) = waiting.await {
+        if err.is_panic() {
+            std::panic::resume_unwind(err.into_panic());
+        }
+    }
     let observer = client().await;
     assert_no_nodes_left_while_open_except(&observer, &path, 1).await;
+    inside.write_releasing("writer");
     held.release().await.unwrap();
     assert_no_nodes_left(&observer, &path).await;
     drop(reader_client);
@@ -447,7 +519,10 @@ async fn a_read_by_the_write_holder_outside_a_scope_is_refused_at_once() {
     let ours_client = client().await;
     let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
     let (read, write) = (ours.read_lock(), ours.clone().write_lock());
+    // Who is inside, checked at every grant (the fixed window below is an extra check).
+    let inside = Inside::new();
     let write_guard = write.acquire().await.unwrap();
+    inside.write_granted("ours");
     let started = std::time::Instant::now();
     let refused =
         tokio::time::timeout(Duration::from_secs(5), ours.clone().read_lock().acquire()).await.expect("at once");
@@ -455,17 +530,25 @@ async fn a_read_by_the_write_holder_outside_a_scope_is_refused_at_once() {
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(queue(&path).await.len(), 1, "the refused read queued a node");
     let other_task = tokio::spawn({
-        let read = read.clone();
-        async move { read.acquire().await.unwrap() }
+        let (read, inside) = (read.clone(), inside.clone());
+        async move {
+            let guard = read.acquire().await.unwrap();
+            inside.read_granted("other-task");
+            guard
+        }
     });
     eventually(Duration::from_secs(10), "the other task's read queued", || async { queue(&path).await.len() == 2 })
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!other_task.is_finished(), "another task's read was granted beside our write lock");
+    inside.write_releasing("ours");
     write_guard.release().await.unwrap();
     let shared = tokio::time::timeout(Duration::from_secs(10), other_task).await.expect("granted").unwrap();
     let own = tokio::time::timeout(Duration::from_secs(10), read.acquire()).await.expect("granted").unwrap();
+    inside.read_granted("own");
+    inside.read_releasing("own");
     own.release().await.unwrap();
+    inside.read_releasing("other-task");
     shared.release().await.unwrap();
     assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
 }

@@ -1,13 +1,14 @@
 //! Soak: 16 sessions on a 3-server ensemble acquire, time out, cancel and release at random — and
-//! 4 leader latches on sessions of their own join, lead, step down and give up on one election —
-//! while
-//! a random fault hits the ensemble every few seconds (leader or follower killed, a follower cut
-//! off from its peers, a server isolated or paused, a session expired). At the end the history
-//! checker (`common/history.rs`) proves that no two holders believed they held the lock at once,
-//! that fencing tokens increased, that the fenced counter is exact, and that no node is left —
-//! checked while every worker's session is still open, so a node our cleanup leaked is not hidden
-//! by the server ending the session. The election gets the same checks (one leader at a time,
-//! unless the earlier one was told first; tokens growing; no node left). Also asserted:
+//! 4 started leader latches (Curator's lifecycle) on sessions of their own join, wait, lead, step
+//! down with `close` and rejoin with a new latch, give up waiting, and rejoin by themselves after
+//! a lost leadership, on one election — while a random fault hits the ensemble every few seconds
+//! (leader or follower killed, a follower cut off from its peers, a server isolated or paused, a
+//! session expired). At the end the history checker (`common/history.rs`) proves that no two
+//! holders believed they held the lock at once, that fencing tokens increased, that the fenced
+//! counter is exact, and that no node is left — checked while every worker's session is still
+//! open, so a node our cleanup leaked is not hidden by the server ending the session. The election
+//! gets the same checks (one leader at a time, unless the earlier one was told first; tokens
+//! growing; no node left), on every leadership the latches' events report. Also asserted:
 //! - no hung waiter: every `acquire_timeout` (and every cancelled acquire) returns by its
 //!   patience plus `SCHED_SLACK` (README: `acquire_timeout` returns `Ok(None)` at its timeout,
 //!   also without a session), every `try_acquire` within [`try_acquire_bound`] (2 T); so the
@@ -34,7 +35,7 @@ use common::*;
 use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
-use zk_recipes::{Error, InterProcessMutex, LeaderLatch, LossPolicy};
+use zk_recipes::{Error, InterProcessMutex, LatchEvent, LatchEvents, LeaderLatch, LossPolicy, LossReason, LossSignal};
 use zk_testcontainers::{expire_session, Ensemble};
 use zookeeper_client as zk;
 
@@ -89,12 +90,18 @@ struct Soak {
     election: String,
     leaderships: History,
     latch_clients: Mutex<Vec<Option<zk::Client>>>,
+    /// What the latch workers did, counted (for the summary).
+    latch_steps: Mutex<BTreeMap<&'static str, usize>>,
 }
 
 impl Soak {
     fn error(&self, err: &Error) {
         let kind = format!("{err:?}").split([' ', '{', '(']).next().unwrap_or("?").to_owned();
         *self.errors.lock().unwrap().entry(kind).or_default() += 1;
+    }
+
+    fn latch_step(&self, what: &'static str) {
+        *self.latch_steps.lock().unwrap().entry(what).or_default() += 1;
     }
 }
 
@@ -109,9 +116,14 @@ async fn connect(soak: Arc<Soak>) -> zk::Client {
     }
 }
 
-/// A participant of the election: joins (giving up or cancelled after a random patience), leads
-/// for a random time or until told it lost leadership, steps down; a new session when its session
-/// is lost. Its leaderships go into `soak.leaderships`.
+/// A participant of the election, with Curator's lifecycle: a new latch joins (`start`), waits
+/// for leadership a random patience at a time (`await_leadership_timeout`, which keeps its place)
+/// and now and then gives up and leaves (`close`), leads for a random time, steps down with
+/// `close`, and rejoins with a new latch. A leadership lost while leading is followed by the latch
+/// rejoining by itself; a latch stopped by its session's end is replaced, on a new session. Every
+/// leadership of each latch goes into `soak.leaderships`, recorded from its events by
+/// [`record_leaderships`] (also those the worker never waited for: a started latch leads again by
+/// itself).
 async fn latch_worker(soak: Arc<Soak>, w: usize) {
     let who = format!("latch-{w}");
     let policy = if w.is_multiple_of(2) { LossPolicy::Suspended } else { LossPolicy::SessionDeadline };
@@ -120,41 +132,149 @@ async fn latch_worker(soak: Arc<Soak>, w: usize) {
     let build = |client: &zk::Client| {
         LeaderLatch::builder(client.clone(), &soak.election).id(who.clone()).loss_policy(policy).build().unwrap()
     };
-    let mut latch = build(&client);
     while !soak.stop.load(Ordering::SeqCst) {
-        let (patience, lead_for) = {
-            let mut rng = rand::rng();
-            (Duration::from_millis(rng.random_range(50..MAX_PATIENCE.as_millis() as u64)), rng.random_range(0..1500u64))
-        };
-        match tokio::time::timeout(patience, latch.acquire_once()).await {
-            Ok(Ok(leadership)) => {
-                let index = soak.leaderships.granted(&who, &leadership);
-                tokio::select! {
-                    reason = leadership.lost() => soak.leaderships.lost(index, reason),
-                    () = tokio::time::sleep(Duration::from_millis(lead_for)) => soak.leaderships.releasing(index),
-                }
-                if lead_for % 2 == 0 {
-                    let _ = tokio::time::timeout(soak.t * 2, leadership.release()).await;
-                } else {
-                    drop(leadership);
-                }
-            },
-            // Cancelled: the future is dropped, its node deleted in the background.
-            Err(_) => {},
-            Ok(Err(err @ Error::SessionLost { .. })) => {
-                soak.error(&err);
-                client = connect(soak.clone()).await;
-                soak.latch_clients.lock().unwrap()[w] = Some(client.clone());
-                latch = build(&client);
-            },
-            Ok(Err(err)) => {
-                soak.error(&err);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            },
+        // A closed latch does not start again: each stay in the election is a latch of its own.
+        let latch = build(&client);
+        let stepping = Arc::new(Mutex::new(Stepping::default()));
+        let recorder = tokio::spawn(record_leaderships(soak.clone(), who.clone(), latch.subscribe(), stepping.clone()));
+        latch.start().expect("start a new latch");
+        let mut session_lost = false;
+        while !soak.stop.load(Ordering::SeqCst) {
+            let (patience, lead_for, give_up) = {
+                let mut rng = rand::rng();
+                (
+                    Duration::from_millis(rng.random_range(50..MAX_PATIENCE.as_millis() as u64)),
+                    Duration::from_millis(rng.random_range(0..1500)),
+                    rng.random_range(0..3u32) == 0,
+                )
+            };
+            match latch.await_leadership_timeout(patience).await {
+                Ok(Some(leadership)) => {
+                    let lost = tokio::select! {
+                        biased;
+                        _ = leadership.lost() => true,
+                        () = tokio::time::sleep(lead_for) => false,
+                    };
+                    // Lost: the latch queues again by itself; wait for leadership again.
+                    if !lost {
+                        soak.latch_step("stepped down");
+                        break;
+                    }
+                    soak.latch_step("lost while leading, stayed");
+                },
+                // Not elected in time: keep the place, or give up and leave.
+                Ok(None) => {
+                    if give_up {
+                        soak.latch_step("gave up waiting");
+                        break;
+                    }
+                },
+                // Stopped: it cannot rejoin (a plain client's session ended).
+                Err(err) => {
+                    soak.error(&err);
+                    soak.latch_step("stopped");
+                    session_lost = matches!(err, Error::SessionLost { .. });
+                    break;
+                },
+            }
+        }
+        // Step down and leave: the current leadership's belief ends now; a leadership reported
+        // from here on was never acted on (see `History::elected_while_stepping_down`).
+        {
+            let mut stepping = stepping.lock().unwrap();
+            stepping.closing = Some(Instant::now());
+            if let Some(hold) = stepping.current.take() {
+                soak.leaderships.releasing(hold);
+            }
+        }
+        match tokio::time::timeout(soak.t * 2, latch.close()).await {
+            Ok(Ok(())) => {},
+            Ok(Err(err)) => soak.error(&err),
+            // The deletes go on in the background (close is cancel safe).
+            Err(_) => *soak.errors.lock().unwrap().entry("LatchCloseTimedOut".to_owned()).or_default() += 1,
+        }
+        drop(latch);
+        // The latch's events end with its close.
+        tokio::time::timeout(Duration::from_secs(10), recorder)
+            .await
+            .expect("a latch's events end with its close")
+            .expect("recorder");
+        if session_lost || client.state().is_terminated() {
+            client = connect(soak.clone()).await;
+            soak.latch_clients.lock().unwrap()[w] = Some(client.clone());
         }
     }
     if client.state().is_terminated() {
         soak.latch_clients.lock().unwrap()[w] = Some(connect(soak.clone()).await);
+    }
+}
+
+/// What a latch worker shares with the recorder of its latch's leaderships.
+#[derive(Default)]
+struct Stepping {
+    /// The hold of the leadership recorded last, while it lasts.
+    current: Option<usize>,
+    /// When the worker began to step down (`close`).
+    closing: Option<Instant>,
+}
+
+/// Records every leadership of one started latch from its events, as
+/// `tests/leader.rs::started_latches_record_every_leadership_across_expiries` does: each
+/// `Elected` is a hold from when it is read, ended when its loss signal resolves (the loss
+/// signal rather than the `NotLeader` event that follows it: it is told first) or when the
+/// worker steps down. Returns the number of leaderships once the latch's events end.
+async fn record_leaderships(
+    soak: Arc<Soak>,
+    who: String,
+    mut events: LatchEvents,
+    stepping: Arc<Mutex<Stepping>>,
+) -> usize {
+    enum Next {
+        Lost(LossReason),
+        Event(Option<LatchEvent>),
+    }
+    let history = &soak.leaderships;
+    let mut leaderships = 0;
+    let mut current: Option<(usize, LossSignal)> = None;
+    loop {
+        let next = match &current {
+            Some((_, loss)) => tokio::select! {
+                biased;
+                reason = loss.lost() => Next::Lost(reason),
+                event = events.next() => Next::Event(event),
+            },
+            None => Next::Event(events.next().await),
+        };
+        let ended = match next {
+            Next::Lost(reason) | Next::Event(Some(LatchEvent::NotLeader { reason })) => {
+                current.take().map(|(hold, _)| (hold, reason))
+            },
+            Next::Event(Some(LatchEvent::Elected { fencing_token, lock_path, loss })) => {
+                leaderships += 1;
+                let mut stepping = stepping.lock().unwrap();
+                match stepping.closing {
+                    Some(at) => {
+                        history.elected_while_stepping_down(&who, &lock_path, fencing_token, at);
+                        soak.latch_step("elected while stepping down");
+                    },
+                    None => {
+                        let hold = history.elected(&who, &lock_path, fencing_token);
+                        stepping.current = Some(hold);
+                        current = Some((hold, loss));
+                    },
+                }
+                None
+            },
+            Next::Event(Some(_)) => None,
+            Next::Event(None) => return leaderships,
+        };
+        if let Some((hold, reason)) = ended {
+            history.lost(hold, reason);
+            let mut stepping = stepping.lock().unwrap();
+            if stepping.current == Some(hold) {
+                stepping.current = None;
+            }
+        }
     }
 }
 
@@ -418,6 +538,7 @@ async fn soak() {
         leaderships: History::new(&election),
         election,
         latch_clients: Mutex::new(vec![None; LATCHES]),
+        latch_steps: Mutex::new(BTreeMap::new()),
         history: History::new(&path),
         path,
         counter,
@@ -462,7 +583,7 @@ async fn soak() {
     let _ = writeln!(
         std::io::stderr(),
         "soak: {:?} with {SESSIONS} sessions: {} grants, {} fenced writes (counter {value}), losses {:?} ({} told, \
-         not revoked), {LATCHES} latches: {} leaderships, losses {:?}; faults {:?} ({hits} hit a holder), errors \
+         not revoked), {LATCHES} latches: {} leaderships, losses {:?}, {:?}; faults {:?} ({hits} hit a holder), errors \
          {:?}, max wait {max_wait:?}",
         started.elapsed(),
         summary.grants,
@@ -471,6 +592,7 @@ async fn soak() {
         summary.told_losses,
         elections.grants,
         elections.losses,
+        soak.latch_steps.lock().unwrap(),
         faults,
         soak.errors.lock().unwrap(),
     );

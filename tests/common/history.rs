@@ -117,13 +117,34 @@ impl History {
     /// Records a grant reported by its node and fencing token (a `LeaderLatch`'s
     /// `LatchEvent::Elected`); returns the hold's index.
     pub fn elected(&self, who: &str, lock_path: &str, token: FencingToken) -> usize {
+        self.record(
+            HoldRecord { who: who.to_owned(), token: token.as_i64(), granted: Instant::now(), ended: None },
+            lock_path,
+        )
+    }
+
+    /// Records a leadership reported only once its holder had begun to step down at `at` (a
+    /// started `LeaderLatch` elected just before its `close` took effect, the event read after
+    /// `at`): the holder never acted on it, and `close` ends it (`Lost(LatchClosed)` is told before
+    /// the node's delete is sent, so before anyone else can be elected). Recorded as granted and
+    /// ended at `at`, a point of its real interval but for two cases, neither of which can make
+    /// the check fail wrongly: granted after `at`, in the microseconds before the close took
+    /// effect (too short for another leader to be granted and step down in between); or lost
+    /// before `at` (within the recorder's scheduling delay, like every loss recorded here), whose
+    /// node outlives the loss by seconds (a loss is told before the session can expire).
+    pub fn elected_while_stepping_down(&self, who: &str, lock_path: &str, token: FencingToken, at: Instant) -> usize {
+        let hold = HoldRecord { who: who.to_owned(), token: token.as_i64(), granted: at, ended: Some((at, None)) };
+        self.record(hold, lock_path)
+    }
+
+    fn record(&self, hold: HoldRecord, lock_path: &str) -> usize {
         assert!(
             lock_path.starts_with(&format!("{}/", self.path)),
             "{lock_path} is not a hold of {}: one History per lock path",
             self.path
         );
         let mut holds = self.holds.lock().unwrap();
-        holds.push(HoldRecord { who: who.to_owned(), token: token.as_i64(), granted: Instant::now(), ended: None });
+        holds.push(hold);
         holds.len() - 1
     }
 

@@ -184,6 +184,7 @@ impl Drop for DropStamp {
 }
 
 pub mod history;
+pub mod inside;
 pub mod interop;
 
 /// Waits until server `i` of `ensemble` serves as a follower (or leader) again after a heal.
