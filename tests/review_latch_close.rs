@@ -1,5 +1,8 @@
-//! Review 20: `LeaderLatch::close` returning `Ok` while a node of the latch is still on the server
-//! (its session open), outside the started-task path the last commits cover.
+//! Review 20's reproductions of `LeaderLatch::close` returning `Ok` while a node of the latch was
+//! still on the server (its session open), outside a started latch's task. Each asserts the
+//! promise: when `close` returns `Ok`, no node of the latch is left and the latch leads no more —
+//! for a one-shot acquire waiting on a latent latch (it fails, its node deleted) and for a
+//! `close` retried after a cancelled one (it waits for the same work).
 
 mod common;
 

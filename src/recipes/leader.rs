@@ -39,7 +39,7 @@ use crate::engine::driver::StandardDriver;
 use crate::engine::naming::{Queue, MUTEX_LOCK_NAME};
 use crate::error::{transient, Error, Result};
 use crate::hold::guard::{FencingToken, LockGuard, LossSignal};
-use crate::hold::holds::Holds;
+use crate::hold::holds::{Ended, Holds};
 use crate::metrics::{LEADER_LATCH, LEADER_SELECTOR};
 use crate::recipes::builder::LockBuilder;
 use crate::recipes::mutex::{InterProcessMutex, Participant, MUTEX_DRIVER};
@@ -128,8 +128,9 @@ impl std::fmt::Debug for LeaderLatch {
 /// election (the task holds only the [`Election`], so it cannot keep itself alive).
 struct LatchHandle {
     election: Arc<Election>,
-    /// One `close` at a time: a concurrent `close` returns once the first one's work is done.
-    closing: tokio::sync::Mutex<()>,
+    /// The outcome of the latch's close once its work is done (`None` until then): every `close`
+    /// call, the first, concurrent ones and those retried after a cancelled one, returns it.
+    closed: Arc<watch::Sender<Option<Result<()>>>>,
 }
 
 /// What the election task shares with the latch.
@@ -138,6 +139,10 @@ struct Election {
     state: Mutex<LatchState>,
     /// Bumped after every change of `state` (wakes `await_leadership`).
     changed: watch::Sender<u64>,
+    /// One-shot acquires in flight (`acquire_once` and friends): counted under the state's lock
+    /// while the latch is latent, so `close` (which makes it closed under that lock) waits for
+    /// every one that may still send a create.
+    one_shots: watch::Sender<usize>,
 }
 
 struct LatchState {
@@ -249,8 +254,13 @@ impl LockBuilder<LeaderLatch> {
         let internals = Arc::new(self.internals(LATCH_LOCK_NAME)?);
         let lock = InterProcessMutex::of_kind(internals, Holds::new(LEADER_LATCH), &LATCH_DRIVER, None);
         let state = LatchState { phase: Phase::Latent, leadership: None, listeners: Vec::new(), task: None };
-        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: watch::Sender::new(0) });
-        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closing: tokio::sync::Mutex::new(()) }) })
+        let election = Arc::new(Election {
+            lock,
+            state: Mutex::new(state),
+            changed: watch::Sender::new(0),
+            one_shots: watch::Sender::new(0),
+        });
+        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: Arc::new(watch::Sender::new(None)) }) })
     }
 }
 
@@ -395,58 +405,56 @@ impl LeaderLatch {
     /// stops the latch's task (a queued node's delete is sent too), tells subscribers
     /// `NotLeader(LatchClosed)` and ends their streams, and returns once ZooKeeper confirmed the
     /// deletes. A closed latch stays closed: [`start`](Self::start) fails. Closing a latch that
-    /// is not started ends its one-shot leadership, if any. Concurrent calls all return once the
-    /// first one's work is done; later calls return `Ok` at once.
+    /// is not started ends its one-shot leadership, if any, and makes a one-shot acquire still
+    /// waiting fail with [`Error::LatchState`], its node deleted before `close` returns. Every
+    /// call — concurrent ones, and one retried after a cancelled or timed-out `close` — returns
+    /// the outcome of the same work, once it is done.
     ///
-    /// Cancel safe: everything that leaves the election happens before the first `.await`; a
-    /// dropped `close` only stops waiting for ZooKeeper's confirmation (the deletes go on in the
-    /// background, retried until the nodes are gone or the session is dead).
+    /// Cancel safe: everything that leaves the election happens before the first `.await`, and
+    /// the confirmation runs on a task of its own: a dropped `close` only stops waiting for it
+    /// (the deletes go on in the background, retried until the nodes are gone or the session is
+    /// dead), and the next `close` waits for it again.
     ///
     /// # Errors
     /// As [`LockGuard::release`] for the delete of the leadership's node, and the errors of a
     /// listing of the election path ([`Error::ZooKeeper`], [`Error::NoAuth`]) with which the delete
     /// of a queued node is confirmed. A dead session is no error: its nodes are gone with it.
     pub async fn close(&self) -> Result<()> {
-        let _one_at_a_time = self.inner.closing.lock().await;
+        let mut outcome = self.inner.closed.subscribe();
         let election = &self.inner.election;
-        let (task, leadership) = election.update(|state| {
+        let first = election.update(|state| {
             if matches!(std::mem::replace(&mut state.phase, Phase::Closed), Phase::Closed) {
-                return (None, None);
+                return None;
             }
             if state.leadership.is_some() {
                 state.emit(&LatchEvent::NotLeader { reason: LossReason::LatchClosed });
             }
             state.listeners.clear();
-            (state.task.take(), state.leadership.take())
+            // One-shot acquires start only while latent, counted under this lock: these are all
+            // that may still send a create.
+            let one_shots = *election.one_shots.borrow() > 0;
+            Some((state.task.take(), state.leadership.take(), one_shots))
         });
-        let ran = task.is_some();
-        if let Some(task) = &task {
-            task.abort();
-        }
-        // Every hold of the latch ends now, guards handed out or not; their deletes are sent.
-        let ended = election.lock.holds().end_all(LossReason::LatchClosed);
-        drop(leadership);
-        if task.is_some() {
-            info!(election = self.path(), "leader latch closed");
-        }
-        if let Some(task) = task {
-            // Once the task's future is dropped, a queued node's delete has been sent.
-            let _ = task.await;
-        }
-        ended.confirmed().await?;
-        if ran {
-            // The task's last attempt is over: a node whose create reply had not come is deleted
-            // by its GUID in the background (waited for), any other by its path (the delete was
-            // sent when the attempt was dropped). A round trip after both is answered after every
-            // such delete (a session's requests are answered in order). Needed also when the
-            // latch led: a task being polled on another thread while `close` runs sees its
-            // leadership end and may queue once more before the abort takes effect.
-            match election.lock.round_trip().await {
-                Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => {},
-                Err(err) => return Err(err),
+        if let Some((task, leadership, one_shots)) = first {
+            if let Some(task) = &task {
+                task.abort();
+                info!(election = self.path(), "leader latch closed");
+            }
+            // Every hold of the latch ends now, guards handed out or not; their deletes are sent.
+            let ended = election.lock.holds().end_all(LossReason::LatchClosed);
+            drop(leadership);
+            let work = Outcome { closed: self.inner.closed.clone(), path: self.path().to_owned(), result: None };
+            let confirm = confirm_close(election.clone(), task, one_shots, ended, work);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(confirm)),
+                Err(_) => confirm.await,
             }
         }
-        Ok(())
+        let result = match outcome.wait_for(Option::is_some).await {
+            Ok(result) => result.clone().unwrap_or(Ok(())),
+            Err(_) => Err(self.state_error("closed, but its close did not finish")),
+        };
+        result
     }
 
     /// One-shot election, without [`start`](Self::start): joins the election and waits until this
@@ -463,8 +471,7 @@ impl LeaderLatch {
     /// behind its own node. [`Error::LatchState`] on a started or closed latch. Otherwise as
     /// [`InterProcessMutex::acquire`].
     pub async fn acquire_once(&self) -> Result<LockGuard> {
-        self.one_shot()?;
-        self.lock().acquire().await.inspect(|leadership| self.elected(leadership))
+        self.one_shot(self.lock().acquire()).await
     }
 
     /// One-shot: leads if nobody else leads or waits ahead right now; `Ok(None)` otherwise (and
@@ -473,8 +480,7 @@ impl LeaderLatch {
     /// # Errors
     /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::try_acquire`].
     pub async fn try_acquire_once(&self) -> Result<Option<LockGuard>> {
-        self.one_shot()?;
-        self.lock().try_acquire().await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
+        self.one_shot(self.lock().try_acquire()).await
     }
 
     /// One-shot: waits at most `timeout` for leadership; `Ok(None)` if not elected in time (the
@@ -484,28 +490,46 @@ impl LeaderLatch {
     /// # Errors
     /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::acquire_timeout`].
     pub async fn acquire_once_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.one_shot()?;
-        self.lock().acquire_timeout(timeout).await.inspect(|leadership| leadership.iter().for_each(|l| self.elected(l)))
+        self.one_shot(self.lock().acquire_timeout(timeout)).await
     }
 
-    /// Whether a one-shot acquire may start: a latent latch that does not lead.
-    fn one_shot(&self) -> Result<()> {
-        match lock(&self.inner.election.state).phase {
-            Phase::Latent => {},
-            Phase::Started | Phase::Stopped(_) => {
-                return Err(self.state_error("started: it is in the election until close(); use await_leadership()"))
-            },
-            Phase::Closed => return Err(self.state_error("closed: it left the election")),
+    /// Runs a one-shot acquire on a latent latch that does not lead, until `close` (which makes
+    /// it fail, its node deleted by the dropped attempt, and waits for it: see `one_shots`).
+    async fn one_shot<L: Leadership>(&self, acquire: impl Future<Output = Result<L>>) -> Result<L> {
+        let election = &self.inner.election;
+        let _in_flight = {
+            let state = lock(&election.state);
+            match state.phase {
+                Phase::Latent => {},
+                Phase::Started | Phase::Stopped(_) => {
+                    return Err(self.state_error("started: it is in the election until close(); use await_leadership()"))
+                },
+                Phase::Closed => return Err(self.state_error("closed: it left the election")),
+            }
+            if self.has_leadership() {
+                return Err(Error::AlreadyLeading { path: self.path().to_owned() });
+            }
+            // Counted while latent, under the lock `close` takes to close the latch.
+            election.one_shots.send_modify(|n| *n += 1);
+            OneShot(election)
+        };
+        let leadership = tokio::select! {
+            biased;
+            () = closed(election) => return Err(self.state_error("closed: it left the election")),
+            leadership = acquire => leadership?,
+        };
+        let state = lock(&election.state);
+        if matches!(state.phase, Phase::Closed) {
+            // Granted while closing, after `close` ended the latch's holds: given back here (the
+            // delete is sent as the guard drops), before `close` stops waiting for this acquire.
+            drop(state);
+            drop(leadership);
+            return Err(self.state_error("closed: it left the election"));
         }
-        if self.has_leadership() {
-            return Err(Error::AlreadyLeading { path: self.path().to_owned() });
+        if let Some(leadership) = leadership.guard() {
+            info!(election = self.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
         }
-        Ok(())
-    }
-
-    /// The tracing event of a leadership taken.
-    fn elected(&self, leadership: &LockGuard) {
-        info!(election = self.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
+        Ok(leadership)
     }
 
     /// Whether this process leads through this latch (or a clone) right now: a leadership is
@@ -535,13 +559,17 @@ impl LeaderLatch {
 
 impl Drop for LatchHandle {
     /// The last clone of the latch is gone: a started latch leaves the election in the background
-    /// (its task is stopped, which deletes a queued node; its leadership's node is deleted).
+    /// (its task is stopped, which deletes a queued node; its leadership's node is deleted), and
+    /// its subscribers are told `NotLeader(LatchClosed)` if it led, as by `close`.
     fn drop(&mut self) {
         let (task, leadership, started) = {
             let mut state = lock(&self.election.state);
             let started = matches!(state.phase, Phase::Started);
             if started {
                 state.phase = Phase::Closed;
+                if state.leadership.is_some() {
+                    state.emit(&LatchEvent::NotLeader { reason: LossReason::LatchClosed });
+                }
             }
             state.listeners.clear();
             (state.task.take(), state.leadership.take(), started)
@@ -554,6 +582,97 @@ impl Drop for LatchHandle {
         }
         drop(leadership);
     }
+}
+
+/// A one-shot acquire in flight (see `Election::one_shots`).
+struct OneShot<'a>(&'a Election);
+
+impl Drop for OneShot<'_> {
+    fn drop(&mut self) {
+        self.0.one_shots.send_modify(|n| *n -= 1);
+    }
+}
+
+/// What a one-shot acquire returns: a guard, or maybe one.
+trait Leadership {
+    fn guard(&self) -> Option<&LockGuard>;
+}
+
+impl Leadership for LockGuard {
+    fn guard(&self) -> Option<&LockGuard> {
+        Some(self)
+    }
+}
+
+impl Leadership for Option<LockGuard> {
+    fn guard(&self) -> Option<&LockGuard> {
+        self.as_ref()
+    }
+}
+
+/// Resolves once the latch is closed.
+async fn closed(election: &Election) {
+    let mut changed = election.changed.subscribe();
+    // Subscribed before the phase is read: a close in between is seen as a change.
+    while !matches!(lock(&election.state).phase, Phase::Closed) {
+        if changed.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// The outcome of a latch's close, published to every `close` call when this is dropped (also
+/// when the task confirming it is dropped unfinished, with the runtime: then an error).
+struct Outcome {
+    closed: Arc<watch::Sender<Option<Result<()>>>>,
+    path: String,
+    result: Option<Result<()>>,
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let result = self.result.take().unwrap_or_else(|| {
+            Err(Error::LatchState {
+                path: std::mem::take(&mut self.path),
+                reason: "closed, but its close was stopped before it finished",
+            })
+        });
+        self.closed.send_replace(Some(result));
+    }
+}
+
+/// The part of a latch's close that waits: its task's end, the deletes of its holds, the one-shot
+/// acquires in flight; then a round trip confirming the deletes of nodes whose attempts ended.
+async fn confirm_close(
+    election: Arc<Election>,
+    task: Option<JoinHandle<()>>,
+    one_shots: bool,
+    ended: Ended,
+    mut outcome: Outcome,
+) {
+    let ran = task.is_some();
+    if let Some(task) = task {
+        // Once the task's future is dropped, a queued node's delete has been sent.
+        let _ = task.await;
+    }
+    let mut result = ended.confirmed().await;
+    // A one-shot acquire sees the close and ends, its attempt dropped (or its grant given back).
+    if one_shots {
+        let _ = election.one_shots.subscribe().wait_for(|n| *n == 0).await;
+    }
+    if result.is_ok() && (ran || one_shots) {
+        // The last attempts are over: a node whose create reply had not come is deleted by its
+        // GUID in the background (waited for), any other by its path (the delete was sent when
+        // the attempt was dropped). A round trip after both is answered after every such delete
+        // (a session's requests are answered in order). Needed also when the latch led: a task
+        // being polled on another thread while `close` runs sees its leadership end and may queue
+        // once more before the abort takes effect.
+        result = match election.lock.round_trip().await {
+            Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => Ok(()),
+            Err(err) => Err(err),
+        };
+    }
+    outcome.result = Some(result);
 }
 
 /// The event of a leadership taken.
