@@ -188,24 +188,42 @@ async fn leader_killed_then_majority_lost_and_back_one_leader() {
     rejoined(&ensemble, leader).await;
 
     let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
-    let outage = tokio::time::Instant::now();
     ensemble.kill(a).await.unwrap();
     ensemble.kill(b).await.unwrap();
+    // No majority from here until `a` is started again.
+    let outage = tokio::time::Instant::now();
     tokio::time::sleep(2 * T).await;
     let outage_end = tokio::time::Instant::now();
-    // No leader without a majority, over the whole outage. A delete committed before the second
-    // kill may still reach a waiter after it (the surviving server answers reads and delivers
-    // the notifications it has until it notices the lost quorum, at most syncLimit ticks
-    // later): such a grant rests on a committed delete and is sound. After that, nothing can
-    // be granted; and every leadership from before has ended within its loss deadline.
+    ensemble.start_server(a).await.unwrap();
+    // No leader without a majority, over the whole outage (checked once `a` is back, so every
+    // grant made before `outage_end` is recorded). A delete committed before the second kill may
+    // still reach a waiter after it: the surviving server answers reads and delivers the
+    // notifications it has until it notices the lost quorum, at most syncLimit ticks later
+    // (`Learner`'s socket timeout; then it drops its clients). Such a grant rests on a delete
+    // committed before the outage, so its predecessor's leadership ended before the outage
+    // began. After that, nothing can be granted; and every leadership from before has ended
+    // within its loss deadline.
     let settled = outage + SYNC_LIMIT * TICK + Duration::from_secs(1);
-    for hold in history.holds() {
+    let holds = history.holds();
+    for (i, hold) in holds.iter().enumerate() {
+        let during = hold.granted >= outage && hold.granted <= outage_end;
         assert!(
-            hold.granted < settled || hold.granted > outage_end,
+            !during || hold.granted < settled,
             "{} was elected {:?} into an outage without a majority",
             hold.who,
             hold.granted - outage
         );
+        if during {
+            let before = i.checked_sub(1).map(|p| &holds[p]);
+            let ended = before.and_then(|p| p.ended).map(|(at, _)| at);
+            assert!(
+                ended.is_some_and(|at| at < outage),
+                "{} was elected {:?} into the outage, after a leadership that ended at {:?} (not before the outage)",
+                hold.who,
+                hold.granted - outage,
+                ended.map(|at| at.saturating_duration_since(outage))
+            );
+        }
         if hold.granted < settled {
             let ended = hold.ended.map(|(at, _)| at);
             assert!(
@@ -215,7 +233,6 @@ async fn leader_killed_then_majority_lost_and_back_one_leader() {
             );
         }
     }
-    ensemble.start_server(a).await.unwrap();
     ensemble.start_server(b).await.unwrap();
     let back = grants();
     eventually(Duration::from_secs(60), "leadership resumes with the majority back", || async { grants() >= back + 3 })
