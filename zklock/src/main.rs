@@ -170,11 +170,41 @@ struct JobArgs {
     /// ZooKeeper can expire the session and grant the lock to someone else].
     #[arg(long, value_parser = parse_duration)]
     kill_after: Option<Duration>,
+    /// How the command and everything it starts are kept from outliving the lock (the README's
+    /// *Containment* table): `subreaper` (PIDs as usual; covers zklock killed on its own, not
+    /// zklock and its supervisor killed together), `pid-namespace` (the kernel kills everything
+    /// when the supervisor dies, however it dies; inside, the command sees the namespace's PIDs:
+    /// `$$` and `$!` are not the host's), `auto` (a PID namespace where the system allows one,
+    /// else a subreaper).
+    #[arg(long, value_enum, env = "ZKLOCK_CONTAINMENT", default_value = "subreaper")]
+    containment: ContainmentArg,
+    /// Say on stderr which containment is in force.
+    #[arg(long)]
+    verbose: bool,
     /// The lock path (for `leader`: the election path), e.g. /locks/nightly-backup.
     lock_path: String,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+}
+
+/// `--containment`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ContainmentArg {
+    Auto,
+    PidNamespace,
+    Subreaper,
+}
+
+impl ContainmentArg {
+    /// As the supervisor takes it (its third argument).
+    fn as_arg(self) -> &'static str {
+        match self {
+            ContainmentArg::Auto => supervisor::CONTAIN_AUTO,
+            ContainmentArg::PidNamespace => supervisor::CONTAIN_PID_NAMESPACE,
+            ContainmentArg::Subreaper => supervisor::CONTAIN_SUBREAPER,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -645,6 +675,7 @@ async fn supervise(
         .arg(supervisor::ARG)
         .arg(theirs_fd.to_string())
         .arg(kill_after.as_millis().to_string())
+        .arg(job.containment.as_arg())
         .arg("--")
         .arg(program)
         .args(rest)
@@ -652,6 +683,7 @@ async fn supervise(
         .env("ZKLOCK_NODE", guard.lock_path())
         .env("ZKLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         // Our credentials are not the command's business.
+        .env_remove(supervisor::VERBOSE_ENV)
         .env_remove("ZKLOCK_AUTH")
         .env_remove("ZKLOCK_AUTH_FILE")
         // A process group of its own (the command gets another one), so that a Ctrl-C on the
@@ -669,6 +701,9 @@ async fn supervise(
             }
             Ok(())
         });
+    }
+    if job.verbose {
+        command.env(supervisor::VERBOSE_ENV, "1");
     }
     let spawned = command.spawn();
     drop(theirs);

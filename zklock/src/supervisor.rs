@@ -63,8 +63,16 @@ use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// `zklock __zklock-supervisor FD KILL_AFTER_MS -- COMMAND...`: how `zklock run` starts us.
+/// `zklock __zklock-supervisor FD KILL_AFTER_MS CONTAINMENT -- COMMAND...`: how `zklock run`
+/// starts us.
 pub const ARG: &str = "__zklock-supervisor";
+
+/// CONTAINMENT: a PID namespace where the system allows one, else a subreaper.
+pub const CONTAIN_AUTO: &str = "auto";
+/// CONTAINMENT: a PID namespace, or fail.
+pub const CONTAIN_PID_NAMESPACE: &str = "pid-namespace";
+/// CONTAINMENT: a child subreaper.
+pub const CONTAIN_SUBREAPER: &str = "subreaper";
 
 /// Control message `[FORWARD, N]`: send signal N to the command's process group.
 pub const FORWARD: u8 = b'F';
@@ -84,11 +92,13 @@ pub fn main(args: &[OsString]) -> ExitCode {
     let parsed = (|| {
         let fd: RawFd = args.first()?.to_str()?.parse().ok()?;
         let grace = Duration::from_millis(args.get(1)?.to_str()?.parse().ok()?);
-        (args.get(2)?.as_os_str() == "--").then_some(())?;
-        let (program, rest) = args[3..].split_first()?;
-        Some((fd, grace, program, rest))
+        let wanted = args.get(2)?.to_str()?.to_owned();
+        [CONTAIN_AUTO, CONTAIN_PID_NAMESPACE, CONTAIN_SUBREAPER].contains(&wanted.as_str()).then_some(())?;
+        (args.get(3)?.as_os_str() == "--").then_some(())?;
+        let (program, rest) = args[4..].split_first()?;
+        Some((fd, grace, wanted, program, rest))
     })();
-    let Some((fd, grace, program, rest)) = parsed else {
+    let Some((fd, grace, wanted, program, rest)) = parsed else {
         eprintln!("zklock: {ARG} is for zklock run's own use");
         return ExitCode::from(USAGE);
     };
@@ -101,9 +111,228 @@ pub fn main(args: &[OsString]) -> ExitCode {
         }
         OwnedFd::from_raw_fd(fd)
     };
-    match Supervisor::start(control, grace, program, rest) {
+    let verbose = std::env::var_os(VERBOSE_ENV).is_some();
+    let entered = if wanted == CONTAIN_SUBREAPER {
+        Err(Unavailable("--containment subreaper".to_owned()))
+    } else {
+        enter_pid_namespace()
+    };
+    let containment = match entered {
+        Ok(Entered::Init(containment)) => containment,
+        Ok(Entered::Shim(init)) => {
+            // The init has its own copy of the control socket: the shim needs none.
+            drop(control);
+            return ExitCode::from(shim(init));
+        },
+        Ok(Entered::Failed(code)) => return ExitCode::from(code),
+        Err(Unavailable(reason)) if wanted == CONTAIN_PID_NAMESPACE => {
+            eprintln!("zklock: --containment pid-namespace: no PID namespace can be made here ({reason})");
+            return ExitCode::from(ERROR);
+        },
+        Err(Unavailable(reason)) => {
+            if verbose && wanted == CONTAIN_AUTO {
+                eprintln!("zklock: no PID namespace ({reason})");
+            }
+            Containment::Subreaper
+        },
+    };
+    if verbose {
+        eprintln!("zklock: containment: {}", containment.describe());
+    }
+    match Supervisor::start(control, grace, containment, program, rest) {
         Ok(supervisor) => ExitCode::from(supervisor.run()),
         Err(code) => ExitCode::from(code),
+    }
+}
+
+/// Set by `zklock --verbose` for the supervisor: say which containment is in force.
+pub const VERBOSE_ENV: &str = "ZKLOCK_SUPERVISOR_VERBOSE";
+
+/// How the supervisor keeps what the command starts from outliving the lock (the README's
+/// *Containment* table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Containment {
+    /// A PID namespace whose init (PID 1) is the supervisor: when the supervisor dies, by any
+    /// signal, the kernel kills every process in it, and none can leave it. `user`: entered
+    /// through a user namespace (unprivileged). `proc`: `/proc` is the namespace's own (a mount
+    /// namespace of ours), so `$$`, `ps` and `/proc/PID` agree inside.
+    PidNamespace { user: bool, proc: bool },
+    /// A child subreaper that walks `/proc` for the command's descendants: covers what the
+    /// command starts as long as the supervisor or zklock lives to kill it.
+    Subreaper,
+}
+
+impl Containment {
+    /// One line for `--verbose` and `zklock status`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Containment::PidNamespace { user: false, proc: true } => "PID namespace (the supervisor is its init)",
+            Containment::PidNamespace { user: true, proc: true } => {
+                "PID namespace through a user namespace (the supervisor is its init)"
+            },
+            Containment::PidNamespace { user: false, proc: false } => {
+                "PID namespace (the supervisor is its init; /proc is the host's)"
+            },
+            Containment::PidNamespace { user: true, proc: false } => {
+                "PID namespace through a user namespace (the supervisor is its init; /proc is the host's)"
+            },
+            Containment::Subreaper => "child subreaper (no PID namespace available)",
+        }
+    }
+}
+
+/// Why no PID namespace could be entered.
+struct Unavailable(String);
+
+/// Where [`enter_pid_namespace`] left this process.
+enum Entered {
+    /// The init of a new PID namespace: go on as the supervisor.
+    Init(Containment),
+    /// The shim outside it: wait for the init with [`shim`].
+    Shim(libc::pid_t),
+    /// In a new user namespace that could not be set up: exit with this status.
+    Failed(u8),
+}
+
+/// Enters a new PID namespace (and a mount namespace, for a `/proc` of its own): as we are if we
+/// may (root), else through a new user namespace mapping our uid and gid to themselves. A PID
+/// namespace takes in the *children* of the process that entered it, so we fork: the child is
+/// the namespace's init and goes on as the supervisor; this process stays outside as a shim that
+/// forwards signals to it and exits with its status (dying by the same signal if it was killed).
+/// The init gets SIGKILL when the shim dies (`PR_SET_PDEATHSIG`; a pipe closes the race with a
+/// shim dead before that), and every process in the namespace dies with the init: so killing
+/// zklock and the supervisor together, as `pkill -f zklock` does, kills everything.
+fn enter_pid_namespace() -> Result<Entered, Unavailable> {
+    let errno = || std::io::Error::last_os_error().to_string();
+    // SAFETY: getuid/getgid/unshare have no memory effects.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let user = unsafe {
+        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+            false
+        } else if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+            true
+        } else {
+            return Err(Unavailable(format!("unshare: {}", errno())));
+        }
+    };
+    if user {
+        // Our own ids, mapped to themselves: the command runs as the same user. Once in the user
+        // namespace there is no way back: a failure here is fatal, not a fallback.
+        let mapped = std::fs::write("/proc/self/setgroups", "deny")
+            .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+            .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
+        if let Err(err) = mapped {
+            eprintln!("zklock: supervisor: cannot map our ids in a new user namespace: {err}");
+            return Ok(Entered::Failed(ERROR));
+        }
+    }
+    let mut alive = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into `alive`; sigprocmask gets an initialised set;
+    // fork in a single-threaded process (we were just exec'd and started no thread).
+    let child = unsafe {
+        if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(Unavailable(format!("pipe: {}", errno())));
+        }
+        // Blocked before the fork: the shim waits for them with sigwaitinfo, the init inherits
+        // the mask and reads them from its signalfd.
+        let set = forwarded_signals();
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::fork()
+    };
+    match child {
+        -1 => Err(Unavailable(format!("fork: {}", errno()))),
+        0 => {
+            // SAFETY: plain system calls; `alive` holds our two pipe descriptors.
+            unsafe {
+                libc::close(alive[1]);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The shim holds the write end while it lives: a hang-up means it died before
+                // the prctl.
+                let mut fd = libc::pollfd { fd: alive[0], events: libc::POLLIN, revents: 0 };
+                libc::poll(&mut fd, 1, 0);
+                if fd.revents & libc::POLLHUP != 0 {
+                    libc::_exit(ERROR as i32);
+                }
+                libc::close(alive[0]);
+            }
+            Ok(Entered::Init(Containment::PidNamespace { user, proc: mount_own_proc() }))
+        },
+        init => {
+            // SAFETY: our copy of the read end; the write end stays open while we live.
+            unsafe { libc::close(alive[0]) };
+            Ok(Entered::Shim(init))
+        },
+    }
+}
+
+/// In the init of a new PID and mount namespace: a `/proc` of the namespace, mounted over the
+/// host's in our mount namespace only. Whether it worked (if not, `/proc` shows the host).
+fn mount_own_proc() -> bool {
+    // SAFETY: mount(2) with valid NUL-terminated strings and null data.
+    unsafe {
+        let root = c"/";
+        let proc = c"/proc";
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) == 0
+            && libc::mount(
+                proc.as_ptr(),
+                proc.as_ptr(),
+                proc.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) == 0
+    }
+}
+
+/// The signals the supervisor takes over: SIGCHLD, the four it forwards, and SIGTSTP.
+fn forwarded_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set before sigaddset.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// The shim outside the namespace: forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the init
+/// (blocked there, so delivered to its signalfd although an init ignores signals it has no
+/// handler for), swallows SIGTSTP, and returns the init's exit status once it ended — or dies of
+/// the signal that killed it, so that zklock sees the same status as without a namespace.
+fn shim(init: libc::pid_t) -> u8 {
+    let set = forwarded_signals();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only `status`; sigwaitinfo reads the initialised set.
+        unsafe {
+            let ended = libc::waitpid(init, &mut status, libc::WNOHANG);
+            if ended == init {
+                if libc::WIFSIGNALED(status) {
+                    let signal = libc::WTERMSIG(status);
+                    libc::signal(signal, libc::SIG_DFL);
+                    let mut only = std::mem::zeroed::<libc::sigset_t>();
+                    libc::sigemptyset(&mut only);
+                    libc::sigaddset(&mut only, signal);
+                    libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+                    libc::kill(libc::getpid(), signal);
+                }
+                return if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) as u8 } else { ERROR };
+            }
+            if ended < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return ERROR;
+            }
+            let signal = libc::sigwaitinfo(&set, std::ptr::null_mut());
+            if matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT) {
+                libc::kill(init, signal);
+            }
+        }
     }
 }
 
@@ -119,6 +348,7 @@ enum Phase {
 
 struct Supervisor {
     me: libc::pid_t,
+    containment: Containment,
     /// The command's pid, which is also its process group's id.
     command: libc::pid_t,
     /// Its status once reaped (a shell's: 128+N for signal N). Until then, `command` is our
@@ -133,7 +363,13 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn start(control: OwnedFd, grace: Duration, program: &OsString, rest: &[OsString]) -> Result<Supervisor, u8> {
+    fn start(
+        control: OwnedFd,
+        grace: Duration,
+        containment: Containment,
+        program: &OsString,
+        rest: &[OsString],
+    ) -> Result<Supervisor, u8> {
         // SAFETY: plain system calls on our own process; the sigset is initialised by
         // sigemptyset before use.
         let (me, signals) = unsafe {
@@ -144,11 +380,7 @@ impl Supervisor {
             // SIGCHLD and the signals we forward arrive on a signalfd; SIGTSTP is swallowed (a
             // stopped supervisor could not act on zklock's death). The command starts with an
             // empty mask (see pre_exec below).
-            let mut set = std::mem::zeroed::<libc::sigset_t>();
-            libc::sigemptyset(&mut set);
-            for signal in [libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP] {
-                libc::sigaddset(&mut set, signal);
-            }
+            let set = forwarded_signals();
             libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
             if fd < 0 {
@@ -188,6 +420,7 @@ impl Supervisor {
         drop(child);
         Ok(Supervisor {
             me,
+            containment,
             command,
             status: None,
             control,
@@ -218,6 +451,14 @@ impl Supervisor {
             if let Phase::Killing(since) = self.phase {
                 self.signal_all(libc::SIGKILL);
                 if now.duration_since(since) >= KILL_WAIT && self.status.is_some() {
+                    if let Containment::PidNamespace { .. } = self.containment {
+                        // Our exit as the namespace's init kills them, once they can die.
+                        eprintln!(
+                            "zklock: processes the command started survived SIGKILL for {KILL_WAIT:?} \
+                             (uninterruptible sleep); they die with the PID namespace"
+                        );
+                        return self.status.unwrap_or(ERROR);
+                    }
                     let left = descendants(self.me).into_iter().map(|(pid, _)| pid.to_string()).collect::<Vec<_>>();
                     eprintln!(
                         "zklock: processes the command started survived SIGKILL (not ours to kill, or in \
@@ -337,13 +578,24 @@ impl Supervisor {
         }
     }
 
-    /// `signal` to the command's group (while it is unreaped) and to every descendant.
+    /// `signal`, once, to every process the command started and to the command.
     fn signal_all(&mut self, signal: i32) {
+        if let Containment::PidNamespace { .. } = self.containment {
+            // From the namespace's init, -1 is every other process in the namespace.
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(-1, signal) };
+            return;
+        }
         if self.status.is_none() {
             // SAFETY: as in `forward`.
             unsafe { libc::kill(-self.command, signal) };
         }
         for (pid, started) in descendants(self.me) {
+            // The command's group had it already (once is the promise: a second SIGTERM cut a
+            // job's cleanup trap short).
+            if self.status.is_none() && group_of(pid) == Some(self.command) {
+                continue;
+            }
             signal_pinned(pid, started, signal);
         }
     }
@@ -400,7 +652,9 @@ fn descendants(root: libc::pid_t) -> Vec<(libc::pid_t, u64)> {
         for &(pid, ppid, state, started) in &processes {
             if ppid == parent && !tree.contains(&pid) {
                 tree.push(pid);
-                if state != b'Z' {
+                // A process whose main thread exited shows `Z` while its other threads run: it is
+                // alive while any thread is.
+                if state != b'Z' || has_live_thread(pid) {
                     found.push((pid, started));
                 }
             }
@@ -408,6 +662,22 @@ fn descendants(root: libc::pid_t) -> Vec<(libc::pid_t, u64)> {
         i += 1;
     }
     found
+}
+
+/// Whether a thread of `pid` other than a zombie one runs (`/proc/PID/task/*/stat`).
+fn has_live_thread(pid: libc::pid_t) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).ok().is_some_and(|text| {
+            text.rfind(')').and_then(|at| text[at + 1..].split_ascii_whitespace().next()).is_some_and(|s| s != "Z")
+        })
+    })
+}
+
+/// The process group of `pid` (field 5 of `/proc/PID/stat`).
+fn group_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text.get(text.rfind(')')? + 1..)?.split_ascii_whitespace().nth(2)?.parse().ok()
 }
 
 /// `signal` to `pid` if it is still the process that started at `started`: pinned by a pidfd

@@ -873,3 +873,268 @@ async fn leader_restarts_a_command_that_exits() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     wait_for_queue(&path, 0).await;
 }
+
+/// A unique `sleep` duration (`300.<n>`), so a test finds its own `sleep` among the host's
+/// processes by its command line — also one started in a PID namespace, whose `$!` is not the
+/// host's pid.
+fn marked_sleep() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = std::process::id() as u64 * 1000 + N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("300.{n}")
+}
+
+/// The host pid and start time of the live process whose command line is `sleep <marker>`.
+fn find_sleep(marker: &str) -> Option<(libc::pid_t, u64)> {
+    let wanted = format!("sleep\0{marker}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        (cmdline == wanted.as_bytes()).then_some(())?;
+        Some((pid, proc_stat(pid)?.0))
+    })
+}
+
+/// The children of `parent` (host pids).
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|_| ppid_of(pid) == Some(parent)))
+        .collect()
+}
+
+fn ppid_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text.get(text.rfind(')')? + 1..)?.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// `--containment pid-namespace`: zklock and its supervisor SIGKILLed together (what `pkill -9 -f
+/// zklock` does; review C case 1): the kernel kills the whole namespace — the command's child and
+/// a `setsid` descendant are gone within T/4 of the kill and before the next holder's command
+/// starts. `--verbose` names the containment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_pid_namespace_nothing_outlives_zklock_and_its_supervisor_killed_together() {
+    let session_timeout = Duration::from_secs(4);
+    let path = unique_path("pidns-both-killed");
+    let (child_marker, setsid_marker) = (marked_sleep(), marked_sleep());
+    let script = format!("sleep {child_marker} & setsid sh -c 'sleep {setsid_marker} & wait' & echo started; wait");
+    let mut first = zklock(&[
+        "run",
+        "--containment",
+        "pid-namespace",
+        "--verbose",
+        "--session-timeout",
+        "4s",
+        &path,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .await
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let zklock_pid = first.id().unwrap() as libc::pid_t;
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("started"));
+    let mut errors = BufReader::new(first.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(5), errors.next_line()).await.unwrap().unwrap();
+    assert!(said.as_deref().is_some_and(|l| l.contains("containment: PID namespace")), "--verbose said {said:?}");
+    let mut watched = Vec::new();
+    for marker in [&child_marker, &setsid_marker] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            if let Some(found) = find_sleep(marker) {
+                break found;
+            }
+            assert!(Instant::now() < deadline, "sleep {marker} never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        watched.push(found);
+    }
+    let supervisor = children_of(zklock_pid);
+    assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
+    let watched_now = watched.clone();
+    let watcher = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut gone_at: Vec<Option<u128>> = vec![None; watched_now.len()];
+        while gone_at.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, &(pid, started)) in watched_now.iter().enumerate() {
+                if gone_at[i].is_none() && !still_runs(pid, started) {
+                    gone_at[i] = Some(epoch_nanos());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        gone_at
+    });
+    // Both stopped first, so that neither acts on the other's death; then both killed.
+    // SAFETY: kill(2) on zklock and its child, which this test started.
+    unsafe {
+        libc::kill(supervisor[0], libc::SIGSTOP);
+        libc::kill(zklock_pid, libc::SIGSTOP);
+        libc::kill(supervisor[0], libc::SIGKILL);
+        libc::kill(zklock_pid, libc::SIGKILL);
+    }
+    let killed_at = epoch_nanos();
+    first.wait().await.unwrap();
+    let next = run(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", "date +%s%N"]).await;
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    let next_started: u128 = next.stdout.trim().parse().unwrap_or_else(|_| panic!("a time: {:?}", next.stdout));
+    let gone_at = watcher.join().unwrap();
+    for ((name, gone_at), (pid, started)) in
+        ["the child", "the setsid descendant"].into_iter().zip(gone_at).zip(watched)
+    {
+        let Some(gone_at) = gone_at else {
+            // SAFETY: kill(2) on a process this test started (checked by its start time).
+            if still_runs(pid, started) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("{name} outlived zklock and its supervisor (30 s after the kill)");
+        };
+        let after_kill = Duration::from_nanos(gone_at.saturating_sub(killed_at) as u64);
+        eprintln!(
+            "{name} gone {after_kill:?} after the kill; the next command started {:?} after the kill",
+            Duration::from_nanos(next_started.saturating_sub(killed_at) as u64)
+        );
+        assert!(gone_at < next_started, "{name} still ran when the next holder's command started");
+        assert!(after_kill < session_timeout / 4 + SCHED_SLACK, "{name} gone only {after_kill:?} after the kill");
+    }
+}
+
+/// A program whose main thread exits while another thread sleeps (`pthread_exit`): its
+/// `/proc/PID/stat` says `Z`, yet it runs. Python's ctypes calls `pthread_exit` on the main thread.
+const LEADERLESS: &str = "import ctypes, sys, threading, time\n\
+    threading.Thread(target=time.sleep, args=(300,)).start()\n\
+    print(__import__('os').getpid(), flush=True)\n\
+    ctypes.CDLL(None).pthread_exit(None)\n";
+
+/// Whether any thread of `pid` still runs (not a zombie).
+fn any_thread_runs(pid: libc::pid_t) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|text| text.rfind(')').map(|at| text[at + 1..].trim_start().starts_with('Z')))
+            == Some(false)
+    })
+}
+
+/// Subreaper containment (the default): a `setsid` descendant whose main thread exited while
+/// another runs (review C cases 2 and 3) is a live process: it is killed when zklock is killed,
+/// and when the command exits it is stopped before the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descendant_whose_main_thread_exited_is_still_stopped() {
+    let path = unique_path("leaderless");
+    let descendants = Descendants::new("leaderless");
+    let program = descendants.file("leaderless.py");
+    std::fs::write(&program, LEADERLESS).unwrap();
+    let pid_file = descendants.file("pid");
+    let wait_leaderless = |pid: libc::pid_t| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie_leader = stat.rfind(')').is_some_and(|at| stat[at + 1..].trim_start().starts_with('Z'));
+            if zombie_leader && any_thread_runs(pid) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{pid} never showed a dead main thread beside a live one: {stat}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    // zklock killed.
+    let script =
+        format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; sleep 300");
+    let mut first =
+        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid: libc::pid_t = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the leaderless program never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    wait_leaderless(pid).await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1) + SCHED_SLACK;
+    while any_thread_runs(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ran_on = any_thread_runs(pid);
+    if ran_on {
+        // SAFETY: kill(2) on the program this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(!ran_on, "a descendant whose main thread exited outlived the killed zklock");
+    std::fs::remove_file(&pid_file).unwrap();
+
+    // The command exits, leaving it behind.
+    let script = format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; exit 0");
+    let out = run(&["run", "--session-timeout", "4s", "--kill-after", "1s", &path, "--", "sh", "-c", &script]).await;
+    let pid: libc::pid_t = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let ran_on = any_thread_runs(pid);
+    if ran_on {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!ran_on, "a descendant whose main thread exited outlived the released lock");
+}
+
+/// One SIGTERM per stop: a lost lock stops a command that traps SIGTERM (and keeps running)
+/// with exactly one SIGTERM, then SIGKILL after `--kill-after`. A C program counts deliveries
+/// (a shell's trap would merge two that come close together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_sends_one_sigterm() {
+    let server = zookeeper().await;
+    let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
+    let path = unique_path("one-sigterm");
+    let descendants = Descendants::new("one-sigterm");
+    let (source, program, count) =
+        (descendants.file("count.c"), descendants.file("count"), descendants.file("count.txt"));
+    std::fs::write(
+        &source,
+        "#include <signal.h>\n#include <unistd.h>\n#include <fcntl.h>\n\
+         static int fd;\n\
+         static void on_term(int s) { (void)s; write(fd, \"T\", 1); }\n\
+         int main(int argc, char **argv) { (void)argc; fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
+         struct sigaction a = {0}; a.sa_handler = on_term; sigaction(SIGTERM, &a, 0);\n\
+         write(1, \"started\\n\", 8); for (;;) pause(); }\n",
+    )
+    .unwrap();
+    let compiled = std::process::Command::new("cc").args(["-o", &program, &source]).status().expect("run cc");
+    assert!(compiled.success(), "cc failed");
+    let mut child = zklock(&[
+        "run",
+        "--connect",
+        &proxy.addr(),
+        "--session-timeout",
+        "4s",
+        "--kill-after",
+        "1s",
+        &path,
+        "--",
+        &program,
+        &count,
+    ])
+    .await
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("started"));
+    proxy.stall();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    proxy.pass();
+    assert_eq!(status.code(), Some(76));
+    let terms = std::fs::read_to_string(&count).unwrap_or_default();
+    assert_eq!(terms, "T", "SIGTERMs the command got for one lost lock");
+}
