@@ -152,11 +152,13 @@ pub enum Error {
     /// 32-bit child counter (2147483647, repeated by ZooKeeper 3.6+ once reached, or a negative
     /// number): after 2³¹ creates under one path, queue order is no longer arrival order (a new
     /// node may sort ahead of the holder), so the node was deleted and nothing is held; holds
-    /// granted before are unaffected. The directory is a container node: once it is empty the
-    /// server deletes it (every `znode.container.checkIntervalMs`, 60 s by default) and the next
-    /// acquire creates it again with a fresh counter. Delete the empty directory yourself to
-    /// recover sooner, or use another lock path. See the README's *Limits*.
-    #[error("the lock node created under {path:?} was named {name:?}: the directory's sequence counter is used up (2^31 children created), so queue order is no longer arrival order; the node was deleted and nothing is held. Once the directory is empty the server deletes it (a container) and the next acquire starts a fresh counter; delete the empty directory to recover at once")]
+    /// granted before are unaffected. If the directory is a container node (this crate and
+    /// Curator create missing levels so; kazoo and hand-made directories are persistent), the
+    /// server deletes it once it is empty (every `znode.container.checkIntervalMs`, 60 s by
+    /// default; on ZooKeeper 3.6+, whose counter never goes negative when stored) and the next
+    /// acquire creates it again with a fresh counter. Otherwise delete the empty directory
+    /// yourself, or use another lock path. See the README's *Limits*.
+    #[error("the lock node created under {path:?} was named {name:?}: the directory's sequence counter is used up (2^31 children created), so queue order is no longer arrival order; the node was deleted and nothing is held. Once the directory is empty the server deletes it if it is a container node, and the next acquire starts a fresh counter; otherwise (or to recover at once) delete the empty directory")]
     SequenceWrapped {
         /// The lock path.
         path: String,

@@ -30,7 +30,6 @@ async fn close_hangs_on_a_pending_one_shot_that_is_not_polled() {
     assert!(tokio::time::timeout(Duration::from_millis(500), &mut acquire).await.is_err());
     let closed = tokio::time::timeout(Duration::from_secs(5), latch.close()).await;
     println!("close with the one-shot future still alive: {closed:?}");
-    drop(acquire);
     drop(leadership);
     assert!(
         closed.is_ok(),
@@ -115,7 +114,8 @@ fn block_on<F: Future>(future: F) -> F::Output {
 /// listing being answered after the delete ("a session's requests are answered in order"), but the
 /// retries are two independent requests: when the listing's retry goes first, `close` returns `Ok`
 /// while the node is still there (its delete held by the proxy). The listing's result is not
-/// looked at. Several rounds, as which retry goes first is up to the scheduler.
+/// looked at. Several rounds, as which retry goes first is up to the scheduler. (Cut three times
+/// per round, then left alone, so that the delete can go through.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_returns_ok_before_a_retried_delete_of_the_queued_node() {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
@@ -142,8 +142,15 @@ async fn close_returns_ok_before_a_retried_delete_of_the_queued_node() {
             async move { latch.close().await }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
+        // Cut while the delete is held, a few times (each cut makes both retry); then let the
+        // delete through (a delete held 3 s never passes a cut every 700 ms, and a close that
+        // waits for it — as it must — would wait for ever).
+        let mut cuts = 0;
         let result = loop {
-            proxy.cut();
+            if cuts < 3 {
+                proxy.cut();
+                cuts += 1;
+            }
             tokio::select! {
                 result = &mut close => break result.unwrap(),
                 () = tokio::time::sleep(Duration::from_millis(700)) => {},

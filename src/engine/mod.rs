@@ -280,6 +280,12 @@ impl LockInternals {
         }
     }
 
+    /// A runtime to run background work of this lock on: the current one, else the one its
+    /// session remembered.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.context().cleanup.runtime()
+    }
+
     /// Resolves once every abandoned attempt's node on the current session is deleted (or the
     /// session is dead): their deletion by GUID runs in the background (`Cleanup::searches_done`).
     pub(crate) async fn settled(&self) {

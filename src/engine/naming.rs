@@ -41,9 +41,12 @@
 //!   grants it at once, as the first node in its order, beside our holder or beside a waiter of
 //!   ours granted from its view (which never sees nodes created after its last listing): a queue
 //!   jump no client can prevent; the README's *Limits* says so.
-//! - **Recovery**: the directory is a container node (we and Curator create it so). When no
-//!   child is left the server deletes it, and the next acquire creates it again with the
-//!   counter at 0.
+//! - **Recovery**: a directory we (or Curator) created is a container node: when no child is
+//!   left the server deletes it (`ContainerManager`: empty, and a stored counter above 0, which
+//!   3.6+ keeps), and the next acquire creates it again with the counter at 0. A persistent one
+//!   (made by kazoo's `ensure_path` or by hand), or a negative counter left by an older server,
+//!   is never reaped: it must be deleted by hand, and until then every acquire fails (a latch or
+//!   selector keeps retrying).
 
 use uuid::Uuid;
 

@@ -27,6 +27,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -139,10 +140,6 @@ struct Election {
     state: Mutex<LatchState>,
     /// Bumped after every change of `state` (wakes `await_leadership`).
     changed: watch::Sender<u64>,
-    /// One-shot acquires in flight (`acquire_once` and friends): counted under the state's lock
-    /// while the latch is latent, so `close` (which makes it closed under that lock) waits for
-    /// every one that may still send a create.
-    one_shots: watch::Sender<usize>,
 }
 
 struct LatchState {
@@ -153,6 +150,12 @@ struct LatchState {
     listeners: Vec<mpsc::UnboundedSender<LatchEvent>>,
     /// The election task of a started latch.
     task: Option<JoinHandle<()>>,
+    /// One-shot acquires in flight (`acquire_once` and friends), each with what drops its attempt
+    /// in its place: registered while the latch is latent, under this lock, so `close` (which
+    /// closes the latch under it) cancels every one that may still send a create — also one whose
+    /// future nobody polls.
+    one_shots: Vec<(u64, Arc<dyn Fn() + Send + Sync>)>,
+    next_one_shot: u64,
 }
 
 /// Curator's `LeaderLatch.State` (`LATENT`, `STARTED`, `CLOSED`), and stopped: started on a
@@ -253,13 +256,15 @@ impl LockBuilder<LeaderLatch> {
     pub fn build(self) -> Result<LeaderLatch> {
         let internals = Arc::new(self.internals(LATCH_LOCK_NAME)?);
         let lock = InterProcessMutex::of_kind(internals, Holds::new(LEADER_LATCH), &LATCH_DRIVER, None);
-        let state = LatchState { phase: Phase::Latent, leadership: None, listeners: Vec::new(), task: None };
-        let election = Arc::new(Election {
-            lock,
-            state: Mutex::new(state),
-            changed: watch::Sender::new(0),
-            one_shots: watch::Sender::new(0),
-        });
+        let state = LatchState {
+            phase: Phase::Latent,
+            leadership: None,
+            listeners: Vec::new(),
+            task: None,
+            one_shots: Vec::new(),
+            next_one_shot: 0,
+        };
+        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: watch::Sender::new(0) });
         Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: Arc::new(watch::Sender::new(None)) }) })
     }
 }
@@ -430,12 +435,17 @@ impl LeaderLatch {
                 state.emit(&LatchEvent::NotLeader { reason: LossReason::LatchClosed });
             }
             state.listeners.clear();
-            // One-shot acquires start only while latent, counted under this lock: these are all
-            // that may still send a create.
-            let one_shots = *election.one_shots.borrow() > 0;
+            // One-shot acquires start only while latent, registered under this lock: these are
+            // all that may still send a create.
+            let one_shots: Vec<_> = state.one_shots.drain(..).map(|(_, cancel)| cancel).collect();
             Some((state.task.take(), state.leadership.take(), one_shots))
         });
         if let Some((task, leadership, one_shots)) = first {
+            // Each one-shot's attempt is dropped here (its node's delete starts), or, if it is
+            // being polled right now, it ends first (a grant during the close given back).
+            for cancel in one_shots {
+                cancel();
+            }
             if let Some(task) = &task {
                 task.abort();
                 info!(election = self.path(), "leader latch closed");
@@ -444,10 +454,12 @@ impl LeaderLatch {
             let ended = election.lock.holds().end_all(LossReason::LatchClosed);
             drop(leadership);
             let work = Outcome { closed: self.inner.closed.clone(), path: self.path().to_owned(), result: None };
-            let confirm = confirm_close(election.clone(), task, one_shots, ended, work);
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(confirm)),
-                Err(_) => confirm.await,
+            let confirm = confirm_close(election.clone(), task, ended, work);
+            // On a task, also when `close` is polled outside any runtime (the one the session
+            // remembered): a dropped `close` must not drop the work the next one waits for.
+            match election.lock.runtime() {
+                Some(runtime) => drop(runtime.spawn(confirm)),
+                None => confirm.await,
             }
         }
         let result = match outcome.wait_for(Option::is_some).await {
@@ -471,7 +483,8 @@ impl LeaderLatch {
     /// behind its own node. [`Error::LatchState`] on a started or closed latch. Otherwise as
     /// [`InterProcessMutex::acquire`].
     pub async fn acquire_once(&self) -> Result<LockGuard> {
-        self.one_shot(self.lock().acquire()).await
+        let lock = self.lock().clone();
+        self.one_shot(async move { lock.acquire().await }).await
     }
 
     /// One-shot: leads if nobody else leads or waits ahead right now; `Ok(None)` otherwise (and
@@ -480,7 +493,8 @@ impl LeaderLatch {
     /// # Errors
     /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::try_acquire`].
     pub async fn try_acquire_once(&self) -> Result<Option<LockGuard>> {
-        self.one_shot(self.lock().try_acquire()).await
+        let lock = self.lock().clone();
+        self.one_shot(async move { lock.try_acquire().await }).await
     }
 
     /// One-shot: waits at most `timeout` for leadership; `Ok(None)` if not elected in time (the
@@ -490,15 +504,21 @@ impl LeaderLatch {
     /// # Errors
     /// As [`acquire_once`](Self::acquire_once) and [`InterProcessMutex::acquire_timeout`].
     pub async fn acquire_once_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.one_shot(self.lock().acquire_timeout(timeout)).await
+        let lock = self.lock().clone();
+        self.one_shot(async move { lock.acquire_timeout(timeout).await }).await
     }
 
-    /// Runs a one-shot acquire on a latent latch that does not lead, until `close` (which makes
-    /// it fail, its node deleted by the dropped attempt, and waits for it: see `one_shots`).
-    async fn one_shot<L: Leadership>(&self, acquire: impl Future<Output = Result<L>>) -> Result<L> {
+    /// Runs a one-shot acquire on a latent latch that does not lead. Its attempt lives in a slot
+    /// that `close` can empty in its place (dropping the attempt deletes its node), so a close
+    /// never waits for this future to be polled; polled after that, it fails.
+    async fn one_shot<L: Leadership + Send + 'static>(
+        &self,
+        acquire: impl Future<Output = Result<L>> + Send + 'static,
+    ) -> Result<L> {
         let election = &self.inner.election;
-        let _in_flight = {
-            let state = lock(&election.state);
+        let slot = Arc::new(Mutex::new(OneShotSlot::<L> { attempt: Some(Box::pin(acquire)), waker: None }));
+        let _registered = {
+            let mut state = lock(&election.state);
             match state.phase {
                 Phase::Latent => {},
                 Phase::Started | Phase::Stopped(_) => {
@@ -509,23 +529,53 @@ impl LeaderLatch {
             if self.has_leadership() {
                 return Err(Error::AlreadyLeading { path: self.path().to_owned() });
             }
-            // Counted while latent, under the lock `close` takes to close the latch.
-            election.one_shots.send_modify(|n| *n += 1);
-            OneShot(election)
+            // Registered while latent, under the lock `close` takes to close the latch.
+            let id = state.next_one_shot;
+            state.next_one_shot += 1;
+            let cancel = {
+                let slot = slot.clone();
+                Arc::new(move || {
+                    let (attempt, waker) = {
+                        let mut slot = lock(&slot);
+                        (slot.attempt.take(), slot.waker.take())
+                    };
+                    drop(attempt);
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
+                }) as Arc<dyn Fn() + Send + Sync>
+            };
+            state.one_shots.push((id, cancel));
+            OneShot { election, id }
         };
-        let leadership = tokio::select! {
-            biased;
-            () = closed(election) => return Err(self.state_error("closed: it left the election")),
-            leadership = acquire => leadership?,
-        };
-        let state = lock(&election.state);
-        if matches!(state.phase, Phase::Closed) {
-            // Granted while closing, after `close` ended the latch's holds: given back here (the
-            // delete is sent as the guard drops), before `close` stops waiting for this acquire.
-            drop(state);
-            drop(leadership);
-            return Err(self.state_error("closed: it left the election"));
-        }
+        let ended = std::future::poll_fn(|cx| {
+            // Held while the attempt is polled and its outcome settled: a `close` cancelling it
+            // waits for that.
+            let mut slot = lock(&slot);
+            let Some(attempt) = slot.attempt.as_mut() else {
+                return Poll::Ready(None); // cancelled by `close`
+            };
+            match attempt.as_mut().poll(cx) {
+                Poll::Pending => {
+                    slot.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                },
+                Poll::Ready(result) => {
+                    slot.attempt = None;
+                    Poll::Ready(Some(result.and_then(|leadership| {
+                        if matches!(lock(&election.state).phase, Phase::Closed) {
+                            // Granted while closing: given back (the delete is sent as the guard
+                            // drops, before `close` is done cancelling this acquire).
+                            drop(leadership);
+                            return Err(self.state_error("closed: it left the election"));
+                        }
+                        Ok(leadership)
+                    })))
+                },
+            }
+        })
+        .await;
+        let leadership = ended.unwrap_or_else(|| Err(self.state_error("closed: it left the election")))?;
         if let Some(leadership) = leadership.guard() {
             info!(election = self.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
         }
@@ -584,13 +634,23 @@ impl Drop for LatchHandle {
     }
 }
 
-/// A one-shot acquire in flight (see `Election::one_shots`).
-struct OneShot<'a>(&'a Election);
+/// A one-shot acquire in flight, registered in `LatchState::one_shots` until it ends.
+struct OneShot<'a> {
+    election: &'a Election,
+    id: u64,
+}
 
 impl Drop for OneShot<'_> {
     fn drop(&mut self) {
-        self.0.one_shots.send_modify(|n| *n -= 1);
+        lock(&self.election.state).one_shots.retain(|(id, _)| *id != self.id);
     }
+}
+
+/// A one-shot acquire's attempt (`None` once it ended or `close` dropped it), and the waker of
+/// the task awaiting it, which `close` wakes.
+struct OneShotSlot<L> {
+    attempt: Option<Pin<Box<dyn Future<Output = Result<L>> + Send>>>,
+    waker: Option<std::task::Waker>,
 }
 
 /// What a one-shot acquire returns: a guard, or maybe one.
@@ -607,17 +667,6 @@ impl Leadership for LockGuard {
 impl Leadership for Option<LockGuard> {
     fn guard(&self) -> Option<&LockGuard> {
         self.as_ref()
-    }
-}
-
-/// Resolves once the latch is closed.
-async fn closed(election: &Election) {
-    let mut changed = election.changed.subscribe();
-    // Subscribed before the phase is read: a close in between is seen as a change.
-    while !matches!(lock(&election.state).phase, Phase::Closed) {
-        if changed.changed().await.is_err() {
-            return std::future::pending().await;
-        }
     }
 }
 
@@ -641,32 +690,21 @@ impl Drop for Outcome {
     }
 }
 
-/// The part of a latch's close that waits: its task's end, the deletes of its holds, the one-shot
-/// acquires in flight; then a round trip confirming the deletes of nodes whose attempts ended.
-async fn confirm_close(
-    election: Arc<Election>,
-    task: Option<JoinHandle<()>>,
-    one_shots: bool,
-    ended: Ended,
-    mut outcome: Outcome,
-) {
-    let ran = task.is_some();
+/// The part of a latch's close that waits: its task's end and the deletes of its holds; then
+/// every background deletion on the session, and a round trip.
+async fn confirm_close(election: Arc<Election>, task: Option<JoinHandle<()>>, ended: Ended, mut outcome: Outcome) {
     if let Some(task) = task {
         // Once the task's future is dropped, a queued node's delete has been sent.
         let _ = task.await;
     }
     let mut result = ended.confirmed().await;
-    // A one-shot acquire sees the close and ends, its attempt dropped (or its grant given back).
-    if one_shots {
-        let _ = election.one_shots.subscribe().wait_for(|n| *n == 0).await;
-    }
-    if result.is_ok() && (ran || one_shots) {
-        // The last attempts are over: a node whose create reply had not come is deleted by its
-        // GUID in the background (waited for), any other by its path (the delete was sent when
-        // the attempt was dropped). A round trip after both is answered after every such delete
-        // (a session's requests are answered in order). Needed also when the latch led: a task
-        // being polled on another thread while `close` runs sees its leadership end and may queue
-        // once more before the abort takes effect.
+    if result.is_ok() {
+        // Every attempt of the latch is over: the task's (also one that queued once more while
+        // `close` ran, polled on another thread before the abort took effect), the one-shots'
+        // (cancelled above), and those that ended before (a timed-out or dropped one-shot, a
+        // guard dropped). Their nodes are deleted in the background, by GUID or by path, each
+        // retried until it is gone or the session is dead: the round trip waits for all of
+        // them (`settled`), then lists.
         result = match election.lock.round_trip().await {
             Ok(()) | Err(Error::SessionLost { .. } | Error::Closed { .. }) => Ok(()),
             Err(err) => Err(err),

@@ -426,6 +426,11 @@ impl InterProcessMutex {
     /// came), then one round trip on the current session (a listing of the lock path): answered
     /// after every request sent on the session before it, such as the delete of an abandoned node
     /// whose path was known.
+    /// A runtime for background work of this lock (see `LockInternals::runtime`).
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.inner.internals.runtime()
+    }
+
     pub(crate) async fn round_trip(&self) -> Result<()> {
         self.inner.internals.settled().await;
         self.inner.internals.sorted_children(self.inner.driver.queue()).await.map(drop)

@@ -47,14 +47,16 @@ impl Target {
 pub(crate) struct Cleanup {
     client: zk::Client,
     runtime: Arc<OnceLock<Handle>>,
-    /// The deletions by GUID running on this session (abandoned attempts whose create reply never
-    /// came): their first request is sent only by their task, so nothing the caller sends after
-    /// starting one is ordered after its delete. [`searches_done`](Self::searches_done) waits for
-    /// them. One per session, shared by every cleanup of it.
+    /// The background deletions running on this session: by GUID (abandoned attempts whose create
+    /// reply never came: their first request is sent only by their task, so nothing the caller
+    /// sends after starting one is ordered after its delete), and by path (sent at once, but
+    /// retried by their task after a connection loss, possibly after what the caller sent
+    /// next). [`searches_done`](Self::searches_done) waits for them. One per session, shared by
+    /// every cleanup of it.
     searches: Arc<Searches>,
 }
 
-/// The deletions by GUID running on one session.
+/// The background deletions running on one session.
 #[derive(Debug, Default)]
 pub(crate) struct Searches {
     running: AtomicUsize,
@@ -83,9 +85,9 @@ impl Cleanup {
         Cleanup { client, runtime, searches }
     }
 
-    /// Resolves once no deletion by GUID runs on this cleanup's session (started by any recipe on
-    /// it): every node of an abandoned attempt is deleted then, or the session is dead. Cancel
-    /// safe.
+    /// Resolves once no background deletion runs on this cleanup's session (started by any recipe
+    /// on it, by GUID or by path): every node given to a cleanup before is deleted then, or the
+    /// session is dead. Cancel safe.
     pub(crate) async fn searches_done(&self) {
         loop {
             let done = self.searches.done.notified();
@@ -97,6 +99,11 @@ impl Cleanup {
             }
             done.await;
         }
+    }
+
+    /// The current runtime, else the one remembered for this session (`None` if neither).
+    pub(crate) fn runtime(&self) -> Option<Handle> {
+        Handle::try_current().ok().or_else(|| self.runtime.get().cloned())
     }
 
     pub(crate) fn client(&self) -> &zk::Client {
@@ -143,12 +150,14 @@ impl Cleanup {
             return None;
         };
         let client = self.client.clone();
-        let (first, search) = match &target {
-            Target::Path(path) => (Some(client.delete(path, None)), None),
-            Target::Protected { .. } => {
-                self.searches.running.fetch_add(1, Ordering::SeqCst);
-                (None, Some(Search(self.searches.clone())))
-            },
+        // Counted until the node is gone (or the session dead): `searches_done` waits for every
+        // deletion on the session, by GUID or by path (one retried after a connection loss
+        // included).
+        self.searches.running.fetch_add(1, Ordering::SeqCst);
+        let search = Search(self.searches.clone());
+        let first = match &target {
+            Target::Path(path) => Some(client.delete(path, None)),
+            Target::Protected { .. } => None,
         };
         Some(handle.spawn(async move {
             let _search = search;
