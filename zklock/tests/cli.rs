@@ -577,6 +577,24 @@ impl Drop for Descendants {
     }
 }
 
+/// Watches `processes` (pid, start time) on a thread of its own, from now: when each was first
+/// seen gone (nanoseconds since the epoch), `None` for one still running after 30 s.
+fn watch_until_gone(processes: Vec<(libc::pid_t, u64)>) -> std::thread::JoinHandle<Vec<Option<u128>>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut gone_at: Vec<Option<u128>> = vec![None; processes.len()];
+        while gone_at.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, &(pid, started)) in processes.iter().enumerate() {
+                if gone_at[i].is_none() && !still_runs(pid, started) {
+                    gone_at[i] = Some(epoch_nanos());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        gone_at
+    })
+}
+
 /// Nanoseconds since the epoch (what `date +%s%N` prints).
 fn epoch_nanos() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
@@ -610,20 +628,7 @@ async fn no_descendant_outlives_a_killed_zklock() {
     assert_ne!(setsid_session, grandchild_session, "the great-grandchild left the command's session");
 
     // Watches both from before the kill: when each was first seen gone.
-    let watched = [(grandchild_pid, grandchild_started), (setsid_pid, setsid_started)];
-    let watcher = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut gone_at: [Option<u128>; 2] = [None, None];
-        while gone_at.iter().any(Option::is_none) && Instant::now() < deadline {
-            for (i, &(pid, started)) in watched.iter().enumerate() {
-                if gone_at[i].is_none() && !still_runs(pid, started) {
-                    gone_at[i] = Some(epoch_nanos());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        gone_at
-    });
+    let watcher = watch_until_gone(vec![(grandchild_pid, grandchild_started), (setsid_pid, setsid_started)]);
 
     first.start_kill().unwrap();
     let killed_at = epoch_nanos();
@@ -958,20 +963,7 @@ async fn in_a_pid_namespace_nothing_outlives_zklock_and_its_supervisor_killed_to
     }
     let supervisor = children_of(zklock_pid);
     assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
-    let watched_now = watched.clone();
-    let watcher = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut gone_at: Vec<Option<u128>> = vec![None; watched_now.len()];
-        while gone_at.iter().any(Option::is_none) && Instant::now() < deadline {
-            for (i, &(pid, started)) in watched_now.iter().enumerate() {
-                if gone_at[i].is_none() && !still_runs(pid, started) {
-                    gone_at[i] = Some(epoch_nanos());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        gone_at
-    });
+    let watcher = watch_until_gone(watched.clone());
     // Both stopped first, so that neither acts on the other's death; then both killed.
     // SAFETY: kill(2) on zklock and its child, which this test started.
     unsafe {
