@@ -82,12 +82,16 @@ fn available(ok: bool, require: &str, message: &str) -> bool {
     ok
 }
 
+/// Whether `java` runs and every one of `jars` exists.
+fn java_with(jars: &[&str]) -> bool {
+    jars.iter().all(|jar| std::path::Path::new(jar).exists())
+        && std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success())
+}
+
 /// Whether `java` and the Curator jars are there (see [`available`]: `REQUIRE_CURATOR`).
 pub fn curator_available() -> bool {
-    let jars = CURATOR_JARS.iter().all(|jar| std::path::Path::new(jar).exists());
-    let java = std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
     available(
-        jars && java,
+        java_with(CURATOR_JARS),
         "REQUIRE_CURATOR",
         "the Curator interop tests need java and Debian's libcurator-*-java, libzookeeper-java, libslf4j-java \
          (apt-get install openjdk-17-jdk-headless libcurator-recipes-java libcurator-framework-java \
@@ -117,10 +121,8 @@ pub const ZOOKEEPER_SERVER_JARS: &[&str] = &["/usr/share/java/zookeeper.jar", "/
 /// Whether `java` and [`ZOOKEEPER_SERVER_JARS`] are there for [`sequence_wrap_server`] (see
 /// [`available`]: `REQUIRE_CURATOR`, which CI sets, as for the other Java helpers).
 pub fn snapshot_writer_available() -> bool {
-    let jars = ZOOKEEPER_SERVER_JARS.iter().all(|jar| std::path::Path::new(jar).exists());
-    let java = std::process::Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
     available(
-        jars && java,
+        java_with(ZOOKEEPER_SERVER_JARS),
         "REQUIRE_CURATOR",
         "the sequence wrap fixture writes its server's snapshot with java and Debian's ZooKeeper server classes \
          (apt-get install openjdk-17-jdk-headless libzookeeper-java libslf4j-java)",
