@@ -171,12 +171,13 @@ struct JobArgs {
     #[arg(long, value_parser = parse_duration)]
     kill_after: Option<Duration>,
     /// How the command and everything it starts are kept from outliving the lock (the README's
-    /// *Containment* table): `subreaper` (PIDs as usual; covers zklock killed on its own, not
-    /// zklock and its supervisor killed together), `pid-namespace` (the kernel kills everything
-    /// when the supervisor dies, however it dies; inside, the command sees the namespace's PIDs:
-    /// `$$` and `$!` are not the host's), `auto` (a PID namespace where the system allows one,
-    /// else a subreaper).
-    #[arg(long, value_enum, env = "ZKLOCK_CONTAINMENT", default_value = "subreaper")]
+    /// *Containment* table): `pid-namespace` (the kernel kills everything when the supervisor
+    /// dies, however it dies; inside, the command sees the namespace's PIDs: `$$` and `$!` are
+    /// not the host's), `trace` (the supervisor traces every process the command starts, and the
+    /// kernel kills them when it dies; PIDs are the host's, but nothing inside can be traced by a
+    /// debugger), `subreaper` (PIDs as usual; covers zklock killed on its own, not zklock and its
+    /// supervisor killed together), `auto` (the first of these three the system allows).
+    #[arg(long, value_enum, env = "ZKLOCK_CONTAINMENT", default_value = "auto")]
     containment: ContainmentArg,
     /// Say on stderr which containment is in force.
     #[arg(long)]
@@ -193,6 +194,7 @@ struct JobArgs {
 enum ContainmentArg {
     Auto,
     PidNamespace,
+    Trace,
     Subreaper,
 }
 
@@ -202,6 +204,7 @@ impl ContainmentArg {
         match self {
             ContainmentArg::Auto => supervisor::CONTAIN_AUTO,
             ContainmentArg::PidNamespace => supervisor::CONTAIN_PID_NAMESPACE,
+            ContainmentArg::Trace => supervisor::CONTAIN_TRACE,
             ContainmentArg::Subreaper => supervisor::CONTAIN_SUBREAPER,
         }
     }

@@ -54,8 +54,29 @@
 //!
 //! The supervisor itself killed on its own (SIGKILL: other signals it forwards): the command dies
 //! with it (`PR_SET_PDEATHSIG`), and `zklock`, a child subreaper too, adopts what the command
-//! started and kills it ([`kill_orphans`]) before it releases the lock. Both dying at once (a
-//! SIGKILL to the whole group or cgroup) kills everything anyway.
+//! started and kills it ([`kill_orphans`]) before it releases the lock.
+//!
+//! # zklock and the supervisor killed together
+//!
+//! (`pkill -9 -f zklock`, a SIGKILL to their process group.) Nobody is left to walk `/proc`:
+//! under the subreaper alone, what the command started is re-parented past both to init and runs
+//! on. The two other containments hand this case to the kernel:
+//!
+//! - **PID namespace** ([`enter_pid_namespace`]): the supervisor is the namespace's init; when an
+//!   init dies, the kernel sends SIGKILL to every process in its namespace, and no process can
+//!   leave a PID namespace. The shim outside is killed with zklock; the init dies of its
+//!   `PR_SET_PDEATHSIG`.
+//! - **Tracing** ([`spawn`]): the command is seized (`PTRACE_SEIZE`) before it executes its first
+//!   instruction, with `PTRACE_O_EXITKILL` and the fork, vfork and clone events. The kernel
+//!   attaches each child of a tracee to the same tracer, with the same options, inside `fork`
+//!   itself — before the child can run — so every live process descended from the command is
+//!   traced by the supervisor. When a tracer exits, for any reason, the kernel sends SIGKILL to
+//!   every tracee with `PTRACE_O_EXITKILL`; a tracee in the middle of a fork then has SIGKILL
+//!   pending and the kernel abandons the fork. So no descendant outlives the supervisor. Tracees
+//!   stop on every signal they are sent and on each fork; [`resume_traced`] lets them go on at
+//!   once, delivering the signal (a group-stop is kept with `PTRACE_LISTEN`, so SIGSTOP and
+//!   SIGCONT behave as untraced). A tracee cannot detach itself, and no other tracer can attach
+//!   to it.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -67,8 +88,11 @@ use std::time::{Duration, Instant};
 /// starts us.
 pub const ARG: &str = "__zklock-supervisor";
 
-/// CONTAINMENT: a PID namespace where the system allows one, else a subreaper.
+/// CONTAINMENT: a PID namespace where the system allows one, else tracing, else a subreaper.
 pub const CONTAIN_AUTO: &str = "auto";
+/// CONTAINMENT: a child subreaper that traces every process the command starts (`ptrace` with
+/// `PTRACE_O_EXITKILL`), or fail.
+pub const CONTAIN_TRACE: &str = "trace";
 /// CONTAINMENT: a PID namespace, or fail.
 pub const CONTAIN_PID_NAMESPACE: &str = "pid-namespace";
 /// CONTAINMENT: a child subreaper.
@@ -93,7 +117,9 @@ pub fn main(args: &[OsString]) -> ExitCode {
         let fd: RawFd = args.first()?.to_str()?.parse().ok()?;
         let grace = Duration::from_millis(args.get(1)?.to_str()?.parse().ok()?);
         let wanted = args.get(2)?.to_str()?.to_owned();
-        [CONTAIN_AUTO, CONTAIN_PID_NAMESPACE, CONTAIN_SUBREAPER].contains(&wanted.as_str()).then_some(())?;
+        [CONTAIN_AUTO, CONTAIN_PID_NAMESPACE, CONTAIN_TRACE, CONTAIN_SUBREAPER]
+            .contains(&wanted.as_str())
+            .then_some(())?;
         (args.get(3)?.as_os_str() == "--").then_some(())?;
         let (program, rest) = args[4..].split_first()?;
         Some((fd, grace, wanted, program, rest))
@@ -112,8 +138,8 @@ pub fn main(args: &[OsString]) -> ExitCode {
         OwnedFd::from_raw_fd(fd)
     };
     let verbose = std::env::var_os(VERBOSE_ENV).is_some();
-    let entered = if wanted == CONTAIN_SUBREAPER {
-        Err(Unavailable("--containment subreaper".to_owned()))
+    let entered = if wanted == CONTAIN_SUBREAPER || wanted == CONTAIN_TRACE {
+        Err(Unavailable(format!("--containment {wanted}")))
     } else {
         enter_pid_namespace()
     };
@@ -136,10 +162,12 @@ pub fn main(args: &[OsString]) -> ExitCode {
             Containment::Subreaper
         },
     };
-    if verbose {
-        eprintln!("zklock: containment: {}", containment.describe());
-    }
-    match Supervisor::start(control, grace, containment, program, rest) {
+    let tracing = match (containment, wanted.as_str()) {
+        (Containment::PidNamespace { .. }, _) | (_, CONTAIN_SUBREAPER) => Tracing::No,
+        (_, CONTAIN_TRACE) => Tracing::Required,
+        _ => Tracing::IfAllowed,
+    };
+    match Supervisor::start(control, grace, containment, tracing, verbose, program, rest) {
         Ok(supervisor) => ExitCode::from(supervisor.run()),
         Err(code) => ExitCode::from(code),
     }
@@ -157,9 +185,24 @@ pub enum Containment {
     /// through a user namespace (unprivileged). `proc`: `/proc` is the namespace's own (a mount
     /// namespace of ours), so `$$`, `ps` and `/proc/PID` agree inside.
     PidNamespace { user: bool, proc: bool },
+    /// A child subreaper that walks `/proc` for the command's descendants and traces every one
+    /// of them (`ptrace` with `PTRACE_O_EXITKILL`): when the supervisor dies, by any signal, the
+    /// kernel sends SIGKILL to every process it traces, and a traced process's children are
+    /// traced from their first instruction. PIDs are the host's.
+    Traced,
     /// A child subreaper that walks `/proc` for the command's descendants: covers what the
     /// command starts as long as the supervisor or zklock lives to kill it.
     Subreaper,
+}
+
+/// Whether the supervisor traces the command and its descendants ([`Containment::Traced`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tracing {
+    /// `--containment trace`: fail if `ptrace` is refused.
+    Required,
+    /// `--containment auto` without a PID namespace: trace if allowed, else only a subreaper.
+    IfAllowed,
+    No,
 }
 
 impl Containment {
@@ -176,7 +219,10 @@ impl Containment {
             Containment::PidNamespace { user: true, proc: false } => {
                 "PID namespace through a user namespace (the supervisor is its init; /proc is the host's)"
             },
-            Containment::Subreaper => "child subreaper (no PID namespace available)",
+            Containment::Traced => {
+                "traced (the supervisor traces every process the command starts; the kernel kills them when it dies)"
+            },
+            Containment::Subreaper => "child subreaper",
         }
     }
 }
@@ -366,7 +412,9 @@ impl Supervisor {
     fn start(
         control: OwnedFd,
         grace: Duration,
-        containment: Containment,
+        mut containment: Containment,
+        tracing: Tracing,
+        verbose: bool,
         program: &OsString,
         rest: &[OsString],
     ) -> Result<Supervisor, u8> {
@@ -379,7 +427,7 @@ impl Supervisor {
             }
             // SIGCHLD and the signals we forward arrive on a signalfd; SIGTSTP is swallowed (a
             // stopped supervisor could not act on zklock's death). The command starts with an
-            // empty mask (see pre_exec below).
+            // empty mask (see `spawn`).
             let set = forwarded_signals();
             libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
@@ -390,34 +438,14 @@ impl Supervisor {
             (libc::getpid(), OwnedFd::from_raw_fd(fd))
         };
         let mut command = std::process::Command::new(program);
-        command.args(rest).process_group(0);
-        // SAFETY: runs in the child between fork and exec; prctl, getppid and sigprocmask are
-        // async-signal-safe and touch no memory of ours. If the supervisor dies (it can only be
-        // by SIGKILL), the command gets SIGKILL; the getppid check closes the race of a
-        // supervisor dead before the prctl. We are single-threaded, so the parent-death signal's
-        // "parent" is our whole process, not one thread of it.
-        unsafe {
-            command.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != me {
-                    libc::_exit(ERROR as i32);
-                }
-                let mut empty = std::mem::zeroed::<libc::sigset_t>();
-                libc::sigemptyset(&mut empty);
-                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                Ok(())
-            });
+        command.args(rest);
+        let (command, traced) = spawn(me, command, program, tracing)?;
+        if traced {
+            containment = Containment::Traced;
         }
-        let child = match command.spawn() {
-            Ok(child) => child,
-            Err(err) => {
-                eprintln!("zklock: cannot run {}: {err}", program.to_string_lossy());
-                return Err(if err.kind() == std::io::ErrorKind::NotFound { NOT_FOUND } else { CANNOT_EXECUTE });
-            },
-        };
-        // We reap with waitpid(-1) ourselves; `Child` only gave us the pid.
-        let command = child.id() as libc::pid_t;
-        drop(child);
+        if verbose {
+            eprintln!("zklock: containment: {}", containment.describe());
+        }
         Ok(Supervisor {
             me,
             containment,
@@ -451,11 +479,12 @@ impl Supervisor {
             if let Phase::Killing(since) = self.phase {
                 self.signal_all(libc::SIGKILL);
                 if now.duration_since(since) >= KILL_WAIT && self.status.is_some() {
-                    if let Containment::PidNamespace { .. } = self.containment {
-                        // Our exit as the namespace's init kills them, once they can die.
+                    if let Containment::PidNamespace { .. } | Containment::Traced = self.containment {
+                        // Our exit (as the namespace's init, or as their tracer) kills them, once
+                        // they can die.
                         eprintln!(
                             "zklock: processes the command started survived SIGKILL for {KILL_WAIT:?} \
-                             (uninterruptible sleep); they die with the PID namespace"
+                             (uninterruptible sleep); they die when the supervisor exits"
                         );
                         return self.status.unwrap_or(ERROR);
                     }
@@ -495,9 +524,14 @@ impl Supervisor {
         loop {
             let mut status = 0;
             // SAFETY: waitpid writes only `status`.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            // __WALL: traced threads too; their stops are reported to us as their tracer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
             if pid == 0 {
                 return true;
+            }
+            if pid > 0 && libc::WIFSTOPPED(status) {
+                resume_traced(pid, status);
+                continue;
             }
             if pid < 0 {
                 match std::io::Error::last_os_error().raw_os_error() {
@@ -599,6 +633,120 @@ impl Supervisor {
             signal_pinned(pid, started, signal);
         }
     }
+}
+
+/// `PTRACE_O_*` options for a traced command: every process and thread it starts is traced
+/// from its first instruction (fork, vfork, clone) and gets SIGKILL when the tracer dies.
+const TRACE_OPTIONS: libc::c_int =
+    libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+
+/// `PTRACE_EVENT_STOP` (not in every libc target): a seized tracee's group-stop or first stop.
+const PTRACE_EVENT_STOP: libc::c_int = 128;
+
+/// Starts the command in a process group of its own (its pid is the group's id) and, if
+/// `tracing` asks, traced by us; returns its pid and whether it is traced.
+///
+/// We fork; the child makes its group, asks for SIGKILL when we die (`PR_SET_PDEATHSIG`: we are
+/// single-threaded, so the "parent" is our whole process), checks we did not die before that,
+/// then waits on a pipe until we have seized it (`PTRACE_SEIZE` with [`TRACE_OPTIONS`]), and
+/// only then restores the signal mask and executes the command: nothing it forks can run
+/// untraced. If `exec` fails, the child says why and exits 127 (not found) or 126, which the
+/// supervisor passes on like any status of the command.
+fn spawn(
+    me: libc::pid_t,
+    mut command: std::process::Command,
+    program: &OsString,
+    tracing: Tracing,
+) -> Result<(libc::pid_t, bool), u8> {
+    let mut go = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into `go`.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("zklock: supervisor: pipe: {}", std::io::Error::last_os_error());
+        return Err(ERROR);
+    }
+    // SAFETY: we are single-threaded (just exec'd, no thread started), so the child may run any
+    // code, allocation included, before its exec.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        eprintln!("zklock: supervisor: fork: {}", std::io::Error::last_os_error());
+        return Err(ERROR);
+    }
+    if child == 0 {
+        // SAFETY: plain system calls in the child; `go` holds our pipe's descriptors.
+        unsafe {
+            libc::close(go[1]);
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != me {
+                libc::_exit(ERROR as i32);
+            }
+            let mut word = 0u8;
+            let n = loop {
+                let n = libc::read(go[0], (&mut word as *mut u8).cast(), 1);
+                if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break n;
+                }
+            };
+            if n != 1 {
+                // The supervisor gave up on us (or died): nothing to run.
+                libc::_exit(ERROR as i32);
+            }
+            libc::close(go[0]);
+            let mut empty = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        }
+        let err = command.exec();
+        eprintln!("zklock: cannot run {}: {err}", program.to_string_lossy());
+        let code = if err.kind() == std::io::ErrorKind::NotFound { NOT_FOUND } else { CANNOT_EXECUTE };
+        // SAFETY: _exit ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(code as i32) };
+    }
+    // SAFETY: plain system calls on our child (unreaped, so its pid is its own); `go` holds our
+    // pipe's descriptors.
+    unsafe {
+        libc::close(go[0]);
+        // Also here: whichever of the two runs first, the group exists before the command runs.
+        libc::setpgid(child, child);
+        let traced = tracing != Tracing::No
+            && libc::ptrace(libc::PTRACE_SEIZE, child, 0 as libc::c_long, TRACE_OPTIONS as libc::c_long) == 0;
+        if tracing == Tracing::Required && !traced {
+            let err = std::io::Error::last_os_error();
+            eprintln!("zklock: --containment trace: cannot trace the command here (ptrace: {err})");
+            libc::close(go[1]);
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+            return Err(ERROR);
+        }
+        let word = b'G';
+        let sent = libc::write(go[1], (&word as *const u8).cast(), 1);
+        libc::close(go[1]);
+        if sent != 1 {
+            eprintln!("zklock: supervisor: cannot start the command: {}", std::io::Error::last_os_error());
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+            return Err(ERROR);
+        }
+        Ok((child, traced))
+    }
+}
+
+/// A traced process (or thread) stopped: let it go on. A signal it was about to receive is
+/// delivered (we only watch); a group-stop (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) is kept with
+/// `PTRACE_LISTEN`, so job control works as untraced; events (fork, vfork, clone, a new tracee's
+/// first stop) just continue. A process that died meanwhile (`ESRCH`) needs nothing.
+fn resume_traced(pid: libc::pid_t, status: libc::c_int) {
+    let signal = libc::WSTOPSIG(status);
+    let event = status >> 16;
+    let (request, deliver) = match event {
+        0 => (libc::PTRACE_CONT, signal),
+        PTRACE_EVENT_STOP if matches!(signal, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) => {
+            (libc::PTRACE_LISTEN, 0)
+        },
+        _ => (libc::PTRACE_CONT, 0),
+    };
+    // SAFETY: ptrace on a tracee of ours in a ptrace-stop, with no pointer arguments.
+    unsafe { libc::ptrace(request, pid, 0 as libc::c_long, deliver as libc::c_long) };
 }
 
 /// For `zklock`, itself a child subreaper, when the supervisor died by a signal: what the command

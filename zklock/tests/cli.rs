@@ -31,6 +31,7 @@ async fn zklock(args: &[&str]) -> Command {
         .env("ZK_CONNECT", zookeeper().await.connect_string())
         .env_remove("ZKLOCK_AUTH")
         .env_remove("ZKLOCK_AUTH_FILE")
+        .env_remove("ZKLOCK_CONTAINMENT")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
@@ -58,6 +59,23 @@ async fn output(mut command: Command) -> Output {
 
 async fn run(args: &[&str]) -> Output {
     output(zklock(args).await).await
+}
+
+/// The containments in which the command sees the host's PIDs: tests that hand a pid from
+/// inside the command to the test run in each (inside a PID namespace the pid would be the
+/// namespace's).
+const HOST_PIDS: [&str; 2] = ["trace", "subreaper"];
+
+/// `zklock SUBCOMMAND --containment CONTAINMENT ARGS...`.
+async fn zklock_in(containment: &str, args: &[&str]) -> Command {
+    let (subcommand, rest) = args.split_first().expect("a subcommand");
+    let mut all = vec![*subcommand, "--containment", containment];
+    all.extend_from_slice(rest);
+    zklock(&all).await
+}
+
+async fn run_in(containment: &str, args: &[&str]) -> Output {
+    output(zklock_in(containment, args).await).await
 }
 
 /// The parsed `zklock status --json` of `path`.
@@ -497,9 +515,19 @@ async fn digest_auth_from_the_environment_or_a_file() {
 /// never runs on without the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_dies_with_zklock() {
+    for containment in HOST_PIDS {
+        eprintln!("--containment {containment}");
+        the_command_dies_with_zklock_in(containment).await;
+    }
+}
+
+async fn the_command_dies_with_zklock_in(containment: &str) {
     let path = unique_path("dies-with");
-    let mut zklock_process =
-        zklock(&["run", &path, "--", "sh", "-c", "echo $$; sleep 30"]).await.stdout(Stdio::piped()).spawn().unwrap();
+    let mut zklock_process = zklock_in(containment, &["run", &path, "--", "sh", "-c", "echo $$; sleep 30"])
+        .await
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(zklock_process.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
     let command_pid: libc::pid_t = line.trim().parse().unwrap();
@@ -606,6 +634,13 @@ fn epoch_nanos() -> u128 {
 /// grants it no earlier than about 0.7 T after the kill).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_descendant_outlives_a_killed_zklock() {
+    for containment in HOST_PIDS {
+        eprintln!("--containment {containment}");
+        no_descendant_outlives_a_killed_zklock_in(containment).await;
+    }
+}
+
+async fn no_descendant_outlives_a_killed_zklock_in(containment: &str) {
     let session_timeout = Duration::from_secs(4);
     let path = unique_path("descendants");
     let mut descendants = Descendants::new("descendants");
@@ -615,7 +650,7 @@ async fn no_descendant_outlives_a_killed_zklock() {
          setsid sh -c \"sleep 300 & echo \\$! > {setsid}.tmp; mv {setsid}.tmp {setsid}\"; wait' & \
          echo started; wait"
     );
-    let mut first = zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script])
+    let mut first = zklock_in(containment, &["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script])
         .await
         .stdout(Stdio::piped())
         .spawn()
@@ -633,7 +668,7 @@ async fn no_descendant_outlives_a_killed_zklock() {
     first.start_kill().unwrap();
     let killed_at = epoch_nanos();
     first.wait().await.unwrap();
-    let next = run(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", "date +%s%N"]).await;
+    let next = run_in(containment, &["run", "--session-timeout", "4s", &path, "--", "sh", "-c", "date +%s%N"]).await;
     assert_eq!(next.code, Some(0), "{}", next.stderr);
     let next_started: u128 = next.stdout.trim().parse().unwrap_or_else(|_| panic!("a time: {:?}", next.stdout));
     let gone_at = watcher.join().unwrap();
@@ -654,6 +689,13 @@ async fn no_descendant_outlives_a_killed_zklock() {
 /// what it left running is stopped before the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants() {
+    for containment in HOST_PIDS {
+        eprintln!("--containment {containment}");
+        a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containment).await;
+    }
+}
+
+async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containment: &str) {
     let server = zookeeper().await;
     let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
     let path = unique_path("lost-setsid");
@@ -661,20 +703,23 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants() {
     let daemon = descendants.file("daemon");
     let script =
         format!("setsid sh -c 'sleep 300 & echo $! > {daemon}.tmp; mv {daemon}.tmp {daemon}'; echo started; sleep 300");
-    let mut child = zklock(&[
-        "run",
-        "--connect",
-        &proxy.addr(),
-        "--session-timeout",
-        "4s",
-        "--kill-after",
-        "1s",
-        &path,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ])
+    let mut child = zklock_in(
+        containment,
+        &[
+            "run",
+            "--connect",
+            &proxy.addr(),
+            "--session-timeout",
+            "4s",
+            "--kill-after",
+            "1s",
+            &path,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
     .await
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -702,7 +747,7 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants() {
 
     let left = descendants.file("left");
     let script = format!("setsid sh -c 'sleep 300 & echo $! > {left}.tmp; mv {left}.tmp {left}'; exit 3");
-    let out = run(&["run", &path, "--", "sh", "-c", &script]).await;
+    let out = run_in(containment, &["run", &path, "--", "sh", "-c", &script]).await;
     assert_eq!(out.code, Some(3), "the command's status: {}", out.stderr);
     let pid: libc::pid_t = std::fs::read_to_string(&left).unwrap().trim().parse().unwrap();
     assert!(proc_stat(pid).is_none(), "what the command left running outlived the lock");
@@ -712,13 +757,24 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants() {
 /// what the command started, kills that before it releases the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_no_descendant() {
+    for containment in HOST_PIDS {
+        eprintln!("--containment {containment}");
+        a_killed_supervisor_leaves_no_descendant_in(containment).await;
+    }
+}
+
+async fn a_killed_supervisor_leaves_no_descendant_in(containment: &str) {
     let path = unique_path("supervisor-killed");
     let mut descendants = Descendants::new("supervisor-killed");
     let daemon = descendants.file("daemon");
     let script = format!(
         "setsid sh -c 'sleep 300 & echo $! > {daemon}.tmp; mv {daemon}.tmp {daemon}'; echo $PPID; sleep 300 & wait"
     );
-    let mut child = zklock(&["run", &path, "--", "sh", "-c", &script]).await.stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = zklock_in(containment, &["run", &path, "--", "sh", "-c", &script])
+        .await
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
     let supervisor: libc::pid_t = line.trim().parse().unwrap();
@@ -914,20 +970,28 @@ fn ppid_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     text.get(text.rfind(')')? + 1..)?.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-/// `--containment pid-namespace`: zklock and its supervisor SIGKILLed together (what `pkill -9 -f
-/// zklock` does; review C case 1): the kernel kills the whole namespace — the command's child and
-/// a `setsid` descendant are gone within T/4 of the kill and before the next holder's command
-/// starts. `--verbose` names the containment.
+/// `--containment pid-namespace` and `trace`: zklock and its supervisor SIGKILLed together (what
+/// `pkill -9 -f zklock` does; review C case 1): the kernel kills the whole namespace, or every
+/// process the supervisor traced — the command's child and a `setsid` descendant are gone within
+/// T/4 of the kill and before the next holder's command starts. `--verbose` names the
+/// containment. (With `subreaper` both run on: the README says so.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_pid_namespace_nothing_outlives_zklock_and_its_supervisor_killed_together() {
+async fn nothing_outlives_zklock_and_its_supervisor_killed_together() {
+    for (containment, named) in [("pid-namespace", "containment: PID namespace"), ("trace", "containment: traced")] {
+        eprintln!("--containment {containment}");
+        both_killed_in(containment, named).await;
+    }
+}
+
+async fn both_killed_in(containment: &str, named: &str) {
     let session_timeout = Duration::from_secs(4);
-    let path = unique_path("pidns-both-killed");
+    let path = unique_path("both-killed");
     let (child_marker, setsid_marker) = (marked_sleep(), marked_sleep());
     let script = format!("sleep {child_marker} & setsid sh -c 'sleep {setsid_marker} & wait' & echo started; wait");
     let mut first = zklock(&[
         "run",
         "--containment",
-        "pid-namespace",
+        containment,
         "--verbose",
         "--session-timeout",
         "4s",
@@ -948,7 +1012,7 @@ async fn in_a_pid_namespace_nothing_outlives_zklock_and_its_supervisor_killed_to
     assert_eq!(line.as_deref(), Some("started"));
     let mut errors = BufReader::new(first.stderr.take().unwrap()).lines();
     let said = tokio::time::timeout(Duration::from_secs(5), errors.next_line()).await.unwrap().unwrap();
-    assert!(said.as_deref().is_some_and(|l| l.contains("containment: PID namespace")), "--verbose said {said:?}");
+    assert!(said.as_deref().is_some_and(|l| l.contains(named)), "--verbose said {said:?}");
     let mut watched = Vec::new();
     for marker in [&child_marker, &setsid_marker] {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1021,6 +1085,13 @@ fn any_thread_runs(pid: libc::pid_t) -> bool {
 /// and when the command exits it is stopped before the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_descendant_whose_main_thread_exited_is_still_stopped() {
+    for containment in HOST_PIDS {
+        eprintln!("--containment {containment}");
+        a_descendant_whose_main_thread_exited_is_still_stopped_in(containment).await;
+    }
+}
+
+async fn a_descendant_whose_main_thread_exited_is_still_stopped_in(containment: &str) {
     let path = unique_path("leaderless");
     let descendants = Descendants::new("leaderless");
     let program = descendants.file("leaderless.py");
@@ -1042,8 +1113,10 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped() {
     // zklock killed.
     let script =
         format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; sleep 300");
-    let mut first =
-        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
+    let mut first = zklock_in(containment, &["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script])
+        .await
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let pid: libc::pid_t = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse().ok()) {
@@ -1069,7 +1142,11 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped() {
 
     // The command exits, leaving it behind.
     let script = format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; exit 0");
-    let out = run(&["run", "--session-timeout", "4s", "--kill-after", "1s", &path, "--", "sh", "-c", &script]).await;
+    let out = run_in(
+        containment,
+        &["run", "--session-timeout", "4s", "--kill-after", "1s", &path, "--", "sh", "-c", &script],
+    )
+    .await;
     let pid: libc::pid_t = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
     let ran_on = any_thread_runs(pid);
     if ran_on {
@@ -1129,4 +1206,42 @@ async fn a_lost_lock_sends_one_sigterm() {
     assert_eq!(status.code(), Some(76));
     let terms = std::fs::read_to_string(&count).unwrap_or_default();
     assert_eq!(terms, "T", "SIGTERMs the command got for one lost lock");
+}
+
+/// Review C's script (`tests/review_c_zklock.sh`, kept as the review wrote it) against the built
+/// binary: zklock and its supervisor killed together, and a descendant whose main thread exited,
+/// both when zklock is killed and when the command exits. The script hands the pids the command
+/// sees (`$!`) to its checks outside, so it runs with `--containment trace`, where they are the
+/// host's (in a PID namespace they would be the namespace's, and the script would check, and at
+/// exit kill, whatever host processes have those numbers). `.ci/run` runs this test again with its
+/// output shown, so CI's log says which containment was in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_c_script_passes_as_written() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/review_c_zklock.sh");
+    let connect = zookeeper().await.connect_string();
+    let said = run_in("trace", &["run", "--verbose", &unique_path("review-c-probe"), "--", "true"]).await;
+    assert_eq!(said.code, Some(0), "{}", said.stderr);
+    let auto = run(&["run", "--verbose", &unique_path("review-c-probe"), "--", "true"]).await;
+    eprintln!(
+        "review_c_zklock.sh runs with ZKLOCK_CONTAINMENT=trace: {}\n(auto picks here: {})",
+        said.stderr.trim(),
+        auto.stderr.lines().filter(|line| line.contains("containment:")).collect::<Vec<_>>().join(" ")
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(240),
+        Command::new("bash")
+            .arg(script)
+            .env("ZKLOCK", ZKLOCK)
+            .env("ZK_CONNECT", connect)
+            .env("ZKLOCK_CONTAINMENT", "trace")
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the script ends within 240 s")
+    .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.matches("PASS ").count(), 3, "three cases, none skipped: {stdout}");
+    assert!(out.status.success(), "review_c_zklock.sh failed: {stdout}");
 }
