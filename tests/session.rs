@@ -759,3 +759,65 @@ async fn one_heartbeat_per_session_however_many_locks_it_holds() {
         guard.release().await.unwrap();
     }
 }
+
+/// `LockGuard::certain_for` is a lease on the hold's certainty: while the session is healthy it
+/// stays positive, at most 0.8 T, and its end moves on with the heartbeats; once nothing is
+/// answered (a stall) its end stays put, the hold is told it is lost exactly then (the loss
+/// deadline), and the next holder is granted only after it. zklock's supervisor relies on this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certain_for_is_a_lease_that_ends_before_the_next_grant() {
+    let zk = zookeeper().await;
+    let path = unique_path("certain-for");
+    let timeout = Duration::from_secs(4);
+    let (proxy, holder_client) = proxied_client(zk, timeout).await;
+    let holder =
+        InterProcessMutex::builder(holder_client, &path).loss_policy(LossPolicy::SessionDeadline).build().unwrap();
+    let guard = holder.acquire().await.unwrap();
+    let lease = |guard: &zk_recipes::LockGuard| {
+        let left = guard.certain_for().expect("a held lock is certain for a while");
+        assert!(left > Duration::ZERO && left <= timeout * 4 / 5, "certain for {left:?}, at most 0.8 T");
+        Instant::now() + left
+    };
+    let first = lease(&guard);
+    let mut latest = first;
+    // More than one heartbeat period (0.22 T) of healthy session: the lease's end moves on.
+    let until = Instant::now() + timeout * 2 / 5;
+    while Instant::now() < until {
+        latest = latest.max(lease(&guard));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(latest > first + timeout / 10, "the lease's end moved on with the heartbeats: {:?}", latest - first);
+    let contender = contend(InterProcessMutex::new(client().await, &path).unwrap());
+
+    proxy.stall();
+    let stalled_lease = lease(&guard);
+    let lost_at = loop {
+        match guard.certain_for() {
+            Some(left) => {
+                let end = Instant::now() + left;
+                // Nothing answered: the end stays where it was (10 ms for reading the clocks).
+                assert!(end <= stalled_lease + Duration::from_millis(10), "the lease grew during a stall");
+            },
+            None => break Instant::now(),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(matches!(guard.state(), LockState::Lost(LossReason::SessionDeadlinePassed)), "{:?}", guard.state());
+    let (granted_at, new_guard) = tokio::time::timeout(Duration::from_secs(15), contender).await.unwrap().unwrap();
+    eprintln!(
+        "lease end at the stall; lost {:?} after it; next grant {:?} after it",
+        lost_at.saturating_duration_since(stalled_lease),
+        granted_at.saturating_duration_since(stalled_lease)
+    );
+    assert!(lost_at + Duration::from_millis(10) >= stalled_lease, "lost before the lease ended");
+    assert_within(
+        lost_at.saturating_duration_since(stalled_lease),
+        Duration::from_millis(20),
+        "lost when the lease ended",
+    );
+    assert!(granted_at > stalled_lease, "the next holder was granted before the lease ended");
+    proxy.pass();
+    drop(guard);
+    new_guard.release().await.unwrap();
+    assert_no_nodes_left(&client().await, &path).await;
+}

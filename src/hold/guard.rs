@@ -107,6 +107,33 @@ impl LockGuard {
         self.hold.state()
     }
 
+    /// How long this hold stays certain if ZooKeeper answers nothing more: the time left until
+    /// its session's loss deadline (the README's *Guarantees*), when the hold becomes
+    /// `Lost(SessionDeadlinePassed)` unless a heartbeat has moved the deadline on. `None` once
+    /// the hold is lost.
+    ///
+    /// The deadline moves with every answered heartbeat (about every 0.22 × the session
+    /// timeout). It lets the hold's certainty be handed to something that cannot watch the
+    /// session itself — another process, a hardware watchdog: give it `now + certain_for()` as a
+    /// lease and renew the lease as the value moves. If the renewals stop (this process frozen
+    /// or starved), the lease runs out no later than this hold would have been told it is lost,
+    /// so still before ZooKeeper can grant the lock to anyone else. `zklock`'s supervisor works
+    /// this way. The deadline counts time the machine spent suspended (on Linux): count the lease
+    /// on a clock that does too (`CLOCK_BOOTTIME`) where the machine may sleep.
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: zk_recipes::LockGuard) {
+    /// if let Some(left) = guard.certain_for() {
+    ///     let lease_until = std::time::Instant::now() + left;
+    ///     // hand `lease_until` to the worker; renew it while the guard is held
+    /// #   let _ = lease_until;
+    /// }
+    /// # }
+    /// ```
+    pub fn certain_for(&self) -> Option<std::time::Duration> {
+        self.hold.certain_for()
+    }
+
     /// Resolves once the lock can no longer be trusted, with the reason; at once if it already
     /// is lost.
     ///

@@ -105,6 +105,15 @@ impl Hold {
         }
     }
 
+    /// How long the hold stays certain without another answer: `None` once it is lost, else the
+    /// time left until its session's loss deadline.
+    pub(crate) fn certain_for(&self) -> Option<std::time::Duration> {
+        match self.state() {
+            LockState::Lost(_) => None,
+            _ => self.context.session.certain_for(),
+        }
+    }
+
     /// Resolves once the hold is lost (its own node, or the write hold it was downgraded from,
     /// before that one ended), with the reason.
     pub(crate) async fn lost(&self) -> LossReason {

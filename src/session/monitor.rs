@@ -655,6 +655,17 @@ impl Session {
         self.shared.wake.notify_one();
     }
 
+    /// How long until the loss deadline, if the monitor vouches for the session now (`None` when
+    /// it is dead or the deadline has passed).
+    pub(crate) fn certain_for(&self) -> Option<Duration> {
+        let now = self.now();
+        let inner = lock(&self.shared.inner);
+        match self.shared.class_now(&inner, now) {
+            Class::Dead(_) | Class::DeadlinePassed => None,
+            _ => inner.health.deadline(self.shared.timeout()).map(|deadline| deadline.saturating_duration_since(now)),
+        }
+    }
+
     /// Why the session ended, if it has (expired, closed, authentication refused).
     pub(crate) fn ended(&self) -> Option<LossReason> {
         match self.shared.class_now(&lock(&self.shared.inner), self.now()) {

@@ -165,9 +165,9 @@ struct JobArgs {
     #[arg(long)]
     data: Option<String>,
     /// After the lock (or leadership) is lost, how long the command gets between SIGTERM and
-    /// SIGKILL (also what the command left running when it exits gets between the two, before
-    /// the release) [default: a quarter of the session timeout, so the command is gone before
-    /// ZooKeeper can expire the session and grant the lock to someone else].
+    /// SIGKILL — SIGKILL comes at the lock's loss deadline if that is sooner (also what the
+    /// command left running when it exits gets between the two, before the release) [default: a
+    /// quarter of the session timeout].
     #[arg(long, value_parser = parse_duration)]
     kill_after: Option<Duration>,
     /// How the command and everything it starts are kept from outliving the lock (the README's
@@ -429,7 +429,7 @@ fn warn_kill_after(connection: &Connection, job: &JobArgs) {
         if kill_after > connection.session_timeout * 7 / 20 {
             eprintln!(
                 "zklock: warning: --kill-after {kill_after:?} is over 0.35 × the session timeout: after a lost lock \
-                 the command may still run when ZooKeeper grants the lock to someone else"
+                 the command gets SIGKILL at the lock's loss deadline, before --kill-after ends"
             );
         }
     }
@@ -657,6 +657,11 @@ async fn supervise(
         ));
     }
     let kill_after = job.kill_after.unwrap_or(connection.session_timeout / 4);
+    // The supervisor's lease (supervisor.rs, *zklock's word*): the hold's loss deadline, renewed
+    // below as heartbeats move it. Read after the state check above; a hold lost in between has
+    // none (`lost()` below then stops the command at once).
+    let lease =
+        |guard: &LockGuard| guard.certain_for().map(|left| supervisor::boottime_nanos() + left.as_nanos() as u64);
     // The command runs under a supervisor, a copy of us (see supervisor.rs for the invariant and
     // its proof): a child subreaper that kills everything the command started when we die (it
     // sees the end of file on the control socket), when we ask (a lost lock) and when the command
@@ -669,7 +674,7 @@ async fn supervise(
         release(guard, connection).await;
         return Err(Failure::new(exit::ERROR, format!("cannot become a child subreaper: {err}")));
     }
-    let (control, theirs) = std::os::unix::net::UnixStream::pair()
+    let (control, theirs) = supervisor::control_pair()
         .map_err(|err| Failure::new(exit::ERROR, format!("cannot start the supervisor: {err}")))?;
     let theirs_fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
     let mut command = tokio::process::Command::new("/proc/self/exe");
@@ -679,6 +684,7 @@ async fn supervise(
         .arg(theirs_fd.to_string())
         .arg(kill_after.as_millis().to_string())
         .arg(job.containment.as_arg())
+        .arg(lease(&guard).unwrap_or(0).to_string())
         .arg("--")
         .arg(program)
         .args(rest)
@@ -718,16 +724,25 @@ async fn supervise(
         },
     };
     // Two-byte messages; a failed write means the supervisor is gone, and its exit tells.
-    let send = |message: [u8; 2]| {
-        let _ = (&control).write_all(&message);
-    };
+    let send = |message: &[u8]| supervisor::send(&control, message);
     let mut lost = false;
+    // Renewed often enough that the lease ends at most T/20 after the deadline it was taken from
+    // had moved on: the supervisor stops the command only if we fall that far behind.
+    let mut renew = tokio::time::interval(connection.session_timeout / 20);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let status = loop {
         tokio::select! {
             // The supervisor's exit first: one that ended as the loss arrived ran under the lock.
             biased;
             status = child.wait() => break status,
-            signal = signals.recv() => send([supervisor::FORWARD, signal as u8]),
+            signal = signals.recv() => send(&[supervisor::FORWARD, signal as u8]),
+            _ = renew.tick(), if !lost => {
+                if let Some(until) = lease(&guard) {
+                    let mut message = [supervisor::RENEW, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                    message[2..].copy_from_slice(&until.to_le_bytes());
+                    send(&message);
+                }
+            },
             reason = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
@@ -735,7 +750,7 @@ async fn supervise(
                      SIGKILL after {kill_after:?})",
                     job.lock_path
                 );
-                send([supervisor::STOP, 0]);
+                send(&[supervisor::STOP, 0]);
             },
         }
     };
@@ -746,6 +761,15 @@ async fn supervise(
         let orphans = tokio::task::block_in_place(supervisor::kill_orphans);
         if orphans > 0 {
             eprintln!("zklock: the supervisor was killed; killed {orphans} processes the command had started");
+        }
+    }
+    if !lost {
+        if let zk_recipes::LockState::Lost(reason) = guard.state() {
+            // Lost while the supervisor ended: it may have stopped the command because we did
+            // not renew its lease in time (we were stopped or starved), and the command ran
+            // without the lock at the end either way.
+            eprintln!("zklock: lock {} lost ({reason}) while the command ran; it was stopped", job.lock_path);
+            lost = true;
         }
     }
     if lost {

@@ -38,8 +38,10 @@
 //!    grace, so that takes milliseconds (the tests require under T/4).
 //! 4. **The lock is lost** (`zklock` is told at about 0.4 T after a stall, before ZooKeeper can
 //!    grant the lock elsewhere): `zklock` sends [`STOP`]: SIGTERM to the group and to `D`,
-//!    SIGKILL after `--kill-after` (T/4 by default), and `zklock` exits 76 only once the
-//!    supervisor has exited, that is once `D` is empty.
+//!    SIGKILL after `--kill-after` (T/4 by default) or when the lease ends (*zklock's word*:
+//!    the hold's loss deadline, which zklock no longer renews once the lock is lost), whichever
+//!    comes first; `zklock` exits 76 only once the supervisor has exited, that is once `D` is
+//!    empty. So nothing the command started runs past the loss deadline, however long the grace.
 //! 5. **The command exits** while `zklock` holds the lock: what it left behind gets SIGTERM, then
 //!    SIGKILL after `--kill-after`; `zklock` releases the lock once the supervisor has exited.
 //!
@@ -55,6 +57,34 @@
 //! The supervisor itself killed on its own (SIGKILL: other signals it forwards): the command dies
 //! with it (`PR_SET_PDEATHSIG`), and `zklock`, a child subreaper too, adopts what the command
 //! started and kills it ([`kill_orphans`]) before it releases the lock.
+//!
+//! # zklock's word
+//!
+//! Case 2 covers a `zklock` that dies. A `zklock` that is alive but does not run — stopped
+//! (SIGSTOP, a debugger), starved of CPU, swapped out — keeps its end of the socket open, and
+//! until it runs again it neither sees the loss nor sends [`STOP`]; meanwhile its session can
+//! expire and the lock can go to the next holder. So the supervisor needs zklock's word that the
+//! lock is still certain, renewed: it holds a *lease*, an instant of [`boottime_nanos`]'s clock
+//! (passed as an argument at start, then in each [`RENEW`]), and kills everything (SIGKILL, no
+//! grace) once it passes without a renewal.
+//!
+//! zklock's lease is the hold's own loss deadline (`LockGuard::certain_for`, zk-recipes'
+//! `session/monitor.rs`, *The loss deadline*): the instant at which the hold itself becomes
+//! `Lost(SessionDeadlinePassed)` unless an answered heartbeat moves it on — which that module
+//! proves is before the leader can expire the session, with a margin of at least `0.05 T`.
+//! zklock re-reads it every `T/20` and sends it on. If zklock stops, the lease stops moving, and
+//! the supervisor kills at the deadline — exactly when zklock, had it run, would have been told
+//! the lock was lost; SIGKILL takes effect within milliseconds (the tests allow `SCHED_SLACK`),
+//! inside the margin. A lease never ends *later* than the deadline it was read from: both count
+//! suspended time (`CLOCK_BOOTTIME`), and the supervisor re-reads the clock at least every
+//! [`LEASE_CHECK`], so a suspend cannot stretch it. A healthy zklock never trips it: the deadline
+//! is about `0.58 T` ahead after each heartbeat and moves every `0.22 T`, while zklock sends it on
+//! within `T/20` — a renewal would have to be late by about `0.3 T`, and the hold itself is
+//! already `Lost` when a heartbeat is `0.25 T` late. The test: zklock SIGSTOPped, its command's
+//! last sign of life precedes the next holder's command (`tests/cli.rs`,
+//! `a_frozen_zklock_has_its_command_stopped_before_the_next_holder_starts`).
+//!
+//! The supervisor itself stopped (SIGSTOP to it) is not covered: nothing runs to kill anything.
 //!
 //! # zklock and the supervisor killed together
 //!
@@ -84,7 +114,7 @@ use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// `zklock __zklock-supervisor FD KILL_AFTER_MS CONTAINMENT -- COMMAND...`: how `zklock run`
+/// `zklock __zklock-supervisor FD KILL_AFTER_MS CONTAINMENT LEASE -- COMMAND...`: how `zklock run`
 /// starts us.
 pub const ARG: &str = "__zklock-supervisor";
 
@@ -102,6 +132,55 @@ pub const CONTAIN_SUBREAPER: &str = "subreaper";
 pub const FORWARD: u8 = b'F';
 /// Control message `[STOP, 0]`: the lock is lost: SIGTERM to everything, SIGKILL after the grace.
 pub const STOP: u8 = b'S';
+/// Control message `[RENEW, 0, U64 LE]`: the lock is certain until this instant of
+/// [`boottime_nanos`]'s clock (the hold's loss deadline): the supervisor's lease, see *zklock's
+/// word* in the module docs.
+pub const RENEW: u8 = b'R';
+
+/// The control socket: a pair of `SOCK_SEQPACKET` Unix sockets, close-on-exec (zklock keeps the
+/// first, the supervisor gets the second). Each message is one packet, sent whole or not at all,
+/// so a message dropped because the supervisor stopped reading cannot leave half of itself.
+pub fn control_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
+    unsafe {
+        if libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
+
+/// Sends one control message without ever blocking: if the supervisor is gone (its exit tells
+/// zklock) or has stopped reading (its buffer is full), the message is dropped.
+pub fn send(control: &OwnedFd, message: &[u8]) {
+    // SAFETY: send(2) reads `message.len()` bytes from `message`.
+    unsafe {
+        libc::send(control.as_raw_fd(), message.as_ptr().cast(), message.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+}
+
+/// The length of a control message that starts with `kind`.
+fn message_len(kind: u8) -> usize {
+    if kind == RENEW {
+        10
+    } else {
+        2
+    }
+}
+
+/// `CLOCK_BOOTTIME` in nanoseconds: monotonic, and counting time the machine spent suspended (as
+/// the hold's loss deadline does), the same in every process of the machine.
+pub fn boottime_nanos() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes only `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
+/// The longest the supervisor sleeps while it holds a lease: it re-reads [`boottime_nanos`] at
+/// least this often (poll's timeout counts on the monotonic clock, which stops during a suspend).
+const LEASE_CHECK: Duration = Duration::from_millis(250);
 
 /// How long SIGKILL gets to take effect before the supervisor names the survivors and exits.
 const KILL_WAIT: Duration = Duration::from_secs(2);
@@ -120,11 +199,12 @@ pub fn main(args: &[OsString]) -> ExitCode {
         [CONTAIN_AUTO, CONTAIN_PID_NAMESPACE, CONTAIN_TRACE, CONTAIN_SUBREAPER]
             .contains(&wanted.as_str())
             .then_some(())?;
-        (args.get(3)?.as_os_str() == "--").then_some(())?;
-        let (program, rest) = args[4..].split_first()?;
-        Some((fd, grace, wanted, program, rest))
+        let lease: u64 = args.get(3)?.to_str()?.parse().ok()?;
+        (args.get(4)?.as_os_str() == "--").then_some(())?;
+        let (program, rest) = args[5..].split_first()?;
+        Some((fd, grace, wanted, lease, program, rest))
     })();
-    let Some((fd, grace, wanted, program, rest)) = parsed else {
+    let Some((fd, grace, wanted, lease, program, rest)) = parsed else {
         eprintln!("zklock: {ARG} is for zklock run's own use");
         return ExitCode::from(USAGE);
     };
@@ -167,7 +247,8 @@ pub fn main(args: &[OsString]) -> ExitCode {
         (_, CONTAIN_TRACE) => Tracing::Required,
         _ => Tracing::IfAllowed,
     };
-    match Supervisor::start(control, grace, containment, tracing, verbose, program, rest) {
+    let setup = Setup { control, grace, lease, containment, tracing, verbose };
+    match Supervisor::start(setup, program, rest) {
         Ok(supervisor) => ExitCode::from(supervisor.run()),
         Err(code) => ExitCode::from(code),
     }
@@ -392,6 +473,16 @@ enum Phase {
     Killing(Instant),
 }
 
+/// What `main` worked out for [`Supervisor::start`].
+struct Setup {
+    control: OwnedFd,
+    grace: Duration,
+    lease: u64,
+    containment: Containment,
+    tracing: Tracing,
+    verbose: bool,
+}
+
 struct Supervisor {
     me: libc::pid_t,
     containment: Containment,
@@ -405,19 +496,17 @@ struct Supervisor {
     pending: Vec<u8>,
     signals: OwnedFd,
     grace: Duration,
+    /// zklock's word: the lock is certain until this [`boottime_nanos`] instant (renewed by
+    /// [`RENEW`]); once it passes, everything is killed.
+    lease: u64,
+    /// zklock sent [`STOP`] (the lock is lost).
+    stop_asked: bool,
     phase: Phase,
 }
 
 impl Supervisor {
-    fn start(
-        control: OwnedFd,
-        grace: Duration,
-        mut containment: Containment,
-        tracing: Tracing,
-        verbose: bool,
-        program: &OsString,
-        rest: &[OsString],
-    ) -> Result<Supervisor, u8> {
+    fn start(setup: Setup, program: &OsString, rest: &[OsString]) -> Result<Supervisor, u8> {
+        let Setup { control, grace, lease, mut containment, tracing, verbose } = setup;
         // SAFETY: plain system calls on our own process; the sigset is initialised by
         // sigemptyset before use.
         let (me, signals) = unsafe {
@@ -455,6 +544,8 @@ impl Supervisor {
             pending: Vec::new(),
             signals,
             grace,
+            lease,
+            stop_asked: false,
             phase: Phase::Running,
         })
     }
@@ -475,6 +566,20 @@ impl Supervisor {
                 if now >= at {
                     self.phase = Phase::Killing(now);
                 }
+            }
+            let lease_left = Duration::from_nanos(self.lease.saturating_sub(boottime_nanos()));
+            if lease_left.is_zero() && !matches!(self.phase, Phase::Killing(_)) {
+                // The lock may be lost from now on (*zklock's word*), and no grace is left before
+                // the server may expire the session: SIGKILL, whatever the phase.
+                if self.phase == Phase::Running {
+                    eprintln!(
+                        "zklock: zklock did not renew the lock's lease by its loss deadline (stopped or starved); \
+                         killing the command and everything it started"
+                    );
+                } else if self.stop_asked {
+                    eprintln!("zklock: the lock's loss deadline came before --kill-after ended: SIGKILL now");
+                }
+                self.phase = Phase::Killing(now);
             }
             if let Phase::Killing(since) = self.phase {
                 self.signal_all(libc::SIGKILL);
@@ -498,10 +603,12 @@ impl Supervisor {
                 }
             }
             let timeout = match self.phase {
-                Phase::Running => -1,
-                Phase::Stopping(at) => at.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32,
-                Phase::Killing(_) => KILL_ROUND.as_millis() as i32,
+                Phase::Running => lease_left.min(LEASE_CHECK),
+                Phase::Stopping(at) => at.saturating_duration_since(now).min(lease_left).min(LEASE_CHECK),
+                Phase::Killing(_) => KILL_ROUND,
             };
+            // Rounded up: woken before the instant, we would only sleep again.
+            let timeout = timeout.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128) as i32;
             let mut fds = [
                 libc::pollfd { fd: self.signals.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.control.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -584,11 +691,23 @@ impl Supervisor {
             },
             Ok(n) => {
                 self.pending.extend_from_slice(&buf[..n]);
-                while self.pending.len() >= 2 {
-                    let message: Vec<u8> = self.pending.drain(..2).collect();
-                    match message[0] {
+                while let Some(&kind) = self.pending.first() {
+                    let len = message_len(kind);
+                    if self.pending.len() < len {
+                        break;
+                    }
+                    let message: Vec<u8> = self.pending.drain(..len).collect();
+                    match kind {
                         FORWARD => self.forward(message[1] as i32),
-                        STOP if self.phase == Phase::Running => self.stop(Instant::now()),
+                        STOP if self.phase == Phase::Running => {
+                            self.stop_asked = true;
+                            self.stop(Instant::now());
+                        },
+                        RENEW => {
+                            let mut until = [0u8; 8];
+                            until.copy_from_slice(&message[2..10]);
+                            self.lease = u64::from_le_bytes(until);
+                        },
                         _ => {},
                     }
                 }

@@ -57,6 +57,15 @@ async fn output(mut command: Command) -> Output {
     out
 }
 
+/// Waits until a session that just got its first lock is past its cold start: its first
+/// heartbeat (0.22 T after the grant) moves the hold's loss deadline from about 0.36 T after the
+/// acquire to 0.58 T after the heartbeat. Until then a stall is noticed only at that deadline,
+/// where the supervisor gives SIGKILL at once (no time is left for `--kill-after`), and the tests
+/// that call this look at the SIGTERM before it.
+async fn past_cold_start(t: Duration) {
+    tokio::time::sleep(t / 2).await;
+}
+
 async fn run(args: &[&str]) -> Output {
     output(zklock(args).await).await
 }
@@ -253,6 +262,7 @@ async fn a_stalled_connection_stops_the_command() {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
         assert_eq!(first.as_deref(), Some("started"));
+        past_cold_start(t).await;
         proxy.stall();
         let stalled_at = Instant::now();
         let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
@@ -864,6 +874,7 @@ async fn leader_runs_one_active_instance() {
     assert_eq!(listed["participants"][0]["data"], "a", "{listed}");
     assert_eq!(listed["participants"][0]["holder"], true, "{listed}");
 
+    past_cold_start(t).await;
     let stalled_at = epoch_nanos();
     proxy.stall();
     let (line, _) = next_line(&mut a_lines, "a").await;
@@ -1200,6 +1211,7 @@ async fn a_lost_lock_sends_one_sigterm() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
     assert_eq!(line.as_deref(), Some("started"));
+    past_cold_start(Duration::from_secs(4)).await;
     proxy.stall();
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
     proxy.pass();
@@ -1244,4 +1256,152 @@ async fn review_c_script_passes_as_written() {
     eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.matches("PASS ").count(), 3, "three cases, none skipped: {stdout}");
     assert!(out.status.success(), "review_c_zklock.sh failed: {stdout}");
+}
+
+/// The command writes the time (epoch nanoseconds) into `file` every 20 ms, until it is killed.
+fn heartbeat_script(file: &str) -> String {
+    format!("while :; do date +%s%N > {file}.tmp; mv {file}.tmp {file}; sleep 0.02; done")
+}
+
+/// Polls `file` until it holds a time; returns it.
+async fn read_time(file: &str, within: Duration) -> u128 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(time) = std::fs::read_to_string(file).ok().and_then(|text| text.trim().parse().ok()) {
+            return time;
+        }
+        assert!(Instant::now() < deadline, "{file} was never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A frozen zklock (SIGSTOP) stops vouching for the lock; its supervisor, which needs zklock's
+/// renewed word (the hold's loss deadline, at most 0.8 T ahead), kills the command by then — so
+/// before ZooKeeper expires the session and the next holder's command starts, compared with that
+/// command's own start time. For `run` (the next `run` waits for the lock) and `leader` (the next
+/// leader is elected). Without the lease the command runs on as long as zklock is frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_zklock_has_its_command_stopped_before_the_next_holder_starts() {
+    let session_timeout = Duration::from_secs(4);
+    for subcommand in ["run", "leader"] {
+        let path = unique_path(&format!("frozen-{subcommand}"));
+        let descendants = Descendants::new("frozen");
+        let (beat, next_file) = (descendants.file("beat"), descendants.file("next"));
+        let mut first =
+            zklock(&[subcommand, "--session-timeout", "4s", &path, "--", "sh", "-c", &heartbeat_script(&beat)])
+                .await
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+        read_time(&beat, Duration::from_secs(20)).await;
+        // The next contender is queued before the freeze.
+        let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}; exec sleep 300");
+        let mut next = zklock(&[subcommand, "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script])
+            .await
+            .spawn()
+            .unwrap();
+        wait_for_queue(&path, 2).await;
+        let first_pid = first.id().unwrap() as libc::pid_t;
+        // SAFETY: kill(2) on the zklock this test started.
+        unsafe { libc::kill(first_pid, libc::SIGSTOP) };
+        let frozen_at = epoch_nanos();
+        let next_started = read_time(&next_file, Duration::from_secs(30)).await;
+        let last_beat = read_time(&beat, Duration::from_secs(1)).await;
+        // Still frozen: nothing but the supervisor can have stopped the command.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let still_beating = read_time(&beat, Duration::from_secs(1)).await != last_beat;
+        // SAFETY: as above.
+        unsafe { libc::kill(first_pid, libc::SIGCONT) };
+        let after = |t: u128| Duration::from_nanos(t.saturating_sub(frozen_at) as u64);
+        eprintln!(
+            "{subcommand}: the frozen zklock's command last ran {:?} after the freeze; the next holder's command \
+             started {:?} after it",
+            after(last_beat),
+            after(next_started)
+        );
+        assert!(!still_beating, "{subcommand}: the command runs on while zklock is frozen");
+        assert!(last_beat < next_started, "{subcommand}: the command still ran when the next holder's started");
+        // The lease ends at the hold's loss deadline, at most 0.8 T after the last renewal; the
+        // loop writes every 20 ms.
+        let bound = session_timeout * 4 / 5 + Duration::from_millis(20) + SCHED_SLACK;
+        assert!(
+            after(last_beat) <= bound,
+            "{subcommand}: stopped {:?} after the freeze; bound {bound:?}",
+            after(last_beat)
+        );
+        if subcommand == "run" {
+            let status =
+                tokio::time::timeout(Duration::from_secs(20), first.wait()).await.expect("zklock exits").unwrap();
+            assert_eq!(status.code(), Some(76), "run: a lock lost while the command ran");
+        } else {
+            first.start_kill().unwrap();
+            first.wait().await.unwrap();
+        }
+        let mut stderr = String::new();
+        let read = tokio::io::AsyncReadExt::read_to_string(first.stderr.as_mut().unwrap(), &mut stderr);
+        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+        assert!(stderr.contains("did not renew the lock's lease"), "{subcommand}: the supervisor says why: {stderr}");
+        next.start_kill().unwrap();
+        next.wait().await.unwrap();
+    }
+}
+
+/// `--kill-after` never outlasts the lock: a command that ignores SIGTERM, under a grace longer
+/// than the session timeout, still gets SIGKILL at the hold's loss deadline — before the next
+/// holder's command starts (its own timestamp) — and zklock warns about the long grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_kill_after_still_ends_at_the_loss_deadline() {
+    let server = zookeeper().await;
+    let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
+    let t = Duration::from_secs(4);
+    let path = unique_path("long-grace");
+    let descendants = Descendants::new("long-grace");
+    let (beat, next_file) = (descendants.file("beat"), descendants.file("next"));
+    let script = format!("trap '' TERM; {}", heartbeat_script(&beat));
+    let mut first = zklock(&[
+        "run",
+        "--connect",
+        &proxy.addr(),
+        "--session-timeout",
+        "4s",
+        "--kill-after",
+        "30s",
+        &path,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .await
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    read_time(&beat, Duration::from_secs(20)).await;
+    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
+    let next =
+        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    past_cold_start(t).await;
+    let stalled_at = epoch_nanos();
+    proxy.stall();
+    let status = tokio::time::timeout(Duration::from_secs(20), first.wait()).await.expect("zklock exits").unwrap();
+    let last_beat = read_time(&beat, Duration::from_secs(1)).await;
+    let next_started = read_time(&next_file, Duration::from_secs(30)).await;
+    proxy.pass();
+    let after = |ns: u128| Duration::from_nanos(ns.saturating_sub(stalled_at) as u64);
+    eprintln!(
+        "stalled: the command last ran {:?} after, the next holder's started {:?} after",
+        after(last_beat),
+        after(next_started)
+    );
+    let mut stderr = String::new();
+    let read = tokio::io::AsyncReadExt::read_to_string(first.stderr.as_mut().unwrap(), &mut stderr);
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("warning: --kill-after"), "{stderr}");
+    assert!(last_beat < next_started, "the command outlived the lock: {stderr}");
+    // The deadline is at most 0.8 T after the last answer, which came before the stall.
+    let bound = t * 4 / 5 + Duration::from_millis(20) + SCHED_SLACK;
+    assert!(after(last_beat) <= bound, "SIGKILL {:?} after the stall; bound {bound:?}", after(last_beat));
+    drop(next);
 }
