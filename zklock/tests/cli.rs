@@ -1169,10 +1169,25 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped_in(containment: 
 }
 
 /// One SIGTERM per stop: a lost lock stops a command that traps SIGTERM (and keeps running)
-/// with exactly one SIGTERM, then SIGKILL after `--kill-after`. A C program counts deliveries
-/// (a shell's trap would merge two that come close together).
+/// with exactly one SIGTERM, then SIGKILL after `--kill-after`, in every containment. A C
+/// program counts deliveries (a shell's trap would merge two that come close together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_sends_one_sigterm() {
+    for containment in ["pid-namespace", "trace", "subreaper"] {
+        one_sigterm_per_loss("run", containment).await;
+    }
+}
+
+/// The same for `zklock leader`: one SIGTERM per lost leadership (the review saw two, 2.5–3.3 ms
+/// apart, cutting a job's cleanup trap short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_leadership_sends_one_sigterm() {
+    for containment in ["pid-namespace", "trace", "subreaper"] {
+        one_sigterm_per_loss("leader", containment).await;
+    }
+}
+
+async fn one_sigterm_per_loss(subcommand: &str, containment: &str) {
     let server = zookeeper().await;
     let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
     let path = unique_path("one-sigterm");
@@ -1191,21 +1206,25 @@ async fn a_lost_lock_sends_one_sigterm() {
     .unwrap();
     let compiled = std::process::Command::new("cc").args(["-o", &program, &source]).status().expect("run cc");
     assert!(compiled.success(), "cc failed");
-    let mut child = zklock(&[
-        "run",
-        "--connect",
-        &proxy.addr(),
-        "--session-timeout",
-        "4s",
-        "--kill-after",
-        "1s",
-        &path,
-        "--",
-        &program,
-        &count,
-    ])
+    let mut child = zklock_in(
+        containment,
+        &[
+            subcommand,
+            "--connect",
+            &proxy.addr(),
+            "--session-timeout",
+            "4s",
+            "--kill-after",
+            "1s",
+            &path,
+            "--",
+            &program,
+            &count,
+        ],
+    )
     .await
     .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
     .spawn()
     .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -1213,11 +1232,28 @@ async fn a_lost_lock_sends_one_sigterm() {
     assert_eq!(line.as_deref(), Some("started"));
     past_cold_start(Duration::from_secs(4)).await;
     proxy.stall();
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    let mut errors = BufReader::new(child.stderr.take().unwrap()).lines();
+    if subcommand == "run" {
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+        assert_eq!(status.code(), Some(76), "{subcommand} --containment {containment}");
+    } else {
+        // The leader stays in the election; it says when the command was stopped.
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while let Ok(Some(line)) = errors.next_line().await {
+                if line.contains("the command was stopped") {
+                    return;
+                }
+            }
+            panic!("zklock leader ended without saying the command was stopped");
+        })
+        .await
+        .expect("the lost leadership is reported");
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+    }
     proxy.pass();
-    assert_eq!(status.code(), Some(76));
     let terms = std::fs::read_to_string(&count).unwrap_or_default();
-    assert_eq!(terms, "T", "SIGTERMs the command got for one lost lock");
+    assert_eq!(terms, "T", "SIGTERMs the command got for one loss ({subcommand} --containment {containment})");
 }
 
 /// Review C's script (`tests/review_c_zklock.sh`, kept as the review wrote it) against the built
