@@ -57,12 +57,14 @@ mod exit {
     pub const NOT_FOUND: u8 = 127;
 }
 
-const EXIT_CODES: &str = "\
+/// `zklock run --help`: every status `run` can exit with.
+macro_rules! run_exit_codes {
+    () => {
+        "\
 Exit status:
   the command's  when it ran (128+N if it was killed by signal N)
   1    the lock is taken and --nonblock was given (see --conflict-exit-code)
   64   bad usage: unknown option, invalid lock path, unreadable auth file
-  66   status: no such lock path (mistyped, never used, or removed once its last node went)
   69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
   70   any other ZooKeeper error
   75   --timeout passed before the lock was granted
@@ -73,18 +75,64 @@ Exit status:
   127  the command was not found
   128+N  zklock got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while waiting for the lock;
        while the command runs, these are forwarded to its process group
+"
+    };
+}
 
+/// `zklock leader --help`: every status `leader` can exit with (it runs until asked to stop).
+macro_rules! leader_exit_codes {
+    () => {
+        "\
+Exit status (zklock leader runs until it is asked to stop or cannot go on):
+  the command's  SIGINT, SIGTERM or SIGQUIT arrived while the command ran: forwarded, and zklock
+       exited with the command's status once it ended (128+N if it was killed by signal N)
+  64   bad usage: unknown option, invalid election path, unreadable auth file
+  69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
+  70   any other ZooKeeper error
+  77   ZooKeeper's ACLs refused us
+  126  zklock's supervisor could not be started
+  128+N  zklock got signal N (SIGINT, SIGTERM, SIGQUIT) while not leading, between runs, or as
+       the leadership was lost
+A lost leadership, a command that exits by itself (whatever its status, 126 and 127 included)
+and SIGHUP do not end zklock leader: it stops the command or forwards SIGHUP to it, and runs it
+again when it leads (SIGHUP while no command runs is ignored).
+"
+    };
+}
+
+/// `zklock status --help`.
+macro_rules! status_exit_codes {
+    () => {
+        "\
+Exit status:
+  0    listed (also an existing lock path nobody holds: free)
+  64   bad usage: unknown option, invalid lock path, unreadable auth file
+  66   no such lock path (mistyped, never used, or removed once its last node went)
+  69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
+  70   any other ZooKeeper error
+  77   ZooKeeper's ACLs refused us
+"
+    };
+}
+
+/// What every command's help ends with.
+macro_rules! environment {
+    () => {
+        "\
 Environment:
-  ZK_CONNECT        default for --connect
-  ZKLOCK_AUTH       digest credentials user:password (never pass secrets in argv)
-  ZKLOCK_AUTH_FILE  default for --auth-file
+  ZK_CONNECT          default for --connect
+  ZKLOCK_AUTH         digest credentials user:password (never pass secrets in argv)
+  ZKLOCK_AUTH_FILE    default for --auth-file
+  ZKLOCK_CONTAINMENT  default for --containment (run, leader)
 
 The command gets ZKLOCK_PATH (the lock path), ZKLOCK_NODE (our lock node) and
-ZKLOCK_FENCING_TOKEN (a number, larger for every later holder of the lock).";
+ZKLOCK_FENCING_TOKEN (a number, larger for every later holder of the lock)."
+    };
+}
 
 /// flock(1) for a ZooKeeper ensemble: run a command under a fair distributed lock.
 #[derive(Parser, Debug)]
-#[command(name = "zklock", version, after_help = EXIT_CODES)]
+#[command(name = "zklock", version, after_help = environment!())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -100,7 +148,7 @@ enum Command {
     /// SIGTERM, SIGKILL after --kill-after, and zklock exits with 76. Nothing the command starts
     /// (setsid and double-forked processes included) outlives the lock: it is all stopped when
     /// the lock is lost, when the command exits, and when zklock dies, even by SIGKILL.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!(run_exit_codes!(), "\n", environment!()))]
     Run(RunArgs),
     /// Run a command while this process is the leader of an election, for ever: one active
     /// instance of a service among many.
@@ -110,13 +158,14 @@ enum Command {
     /// ZKLOCK_FENCING_TOKEN. If leadership is lost, the command and everything it started are
     /// stopped exactly as `run` stops them, and zklock joins the election again (on a new session
     /// if the old one expired) and restarts the command when it leads again. If the command exits
-    /// by itself, zklock steps down, waits --restart-delay and joins again. SIGINT, SIGTERM, SIGHUP
-    /// and SIGQUIT are forwarded to a running command; zklock then exits with its status (128+N
-    /// while waiting to lead).
-    #[command(after_help = EXIT_CODES)]
+    /// by itself, zklock steps down, waits --restart-delay and joins again. SIGINT, SIGTERM and
+    /// SIGQUIT are forwarded to a running command, and zklock then exits with its status (128+N
+    /// while not leading). SIGHUP is forwarded to a running command (to reload, or to be
+    /// restarted if it exits) and otherwise ignored: it never ends zklock leader.
+    #[command(after_help = concat!(leader_exit_codes!(), "\n", environment!()))]
     Leader(LeaderArgs),
     /// Show who holds a lock (or leads an election) and who waits, in queue order.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!(status_exit_codes!(), "\n", environment!()))]
     Status(StatusArgs),
 }
 
@@ -340,7 +389,7 @@ fn default_node_data() -> String {
 }
 
 async fn run(args: RunArgs) -> Result<u8, Failure> {
-    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path).await? {
+    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path, true).await? {
         Ok(opened) => opened,
         Err(code) => return Ok(code),
     };
@@ -354,13 +403,14 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
 async fn open(
     connection: &Connection,
     path: &str,
+    hangup_ends: bool,
 ) -> Result<std::result::Result<(ManagedClient, Signals), u8>, Failure> {
     zk_recipes::validate_lock_path(path).map_err(Failure::from_lock)?;
     auth(connection)?;
-    let mut signals = Signals::install()?;
+    let mut signals = Signals::install(hangup_ends)?;
     tokio::select! {
         zk = connect(connection) => Ok(Ok((zk?, signals))),
-        signal = signals.recv() => Ok(Err(128 + signal as u8)),
+        signal = signals.recv_idle() => Ok(Err(128 + signal as u8)),
     }
 }
 
@@ -398,7 +448,7 @@ async fn run_connected(args: &RunArgs, zk: &ManagedClient, signals: &mut Signals
             acquired = &mut acquire => break acquired,
             // Reports until the acquire ends (it returns only if it cannot report at all).
             () = progress.report(&mutex, zk) => continue,
-            signal = signals.recv() => signal,
+            signal = signals.recv_idle() => signal,
         };
         // Dropping the acquire sends the deletion of our queued node; wait for it to be done.
         drop(acquire);
@@ -437,7 +487,7 @@ fn warn_kill_after(connection: &Connection, job: &JobArgs) {
 
 /// `leader`: joins the election, runs the command while leading, for ever (see its help).
 async fn leader(args: LeaderArgs) -> Result<u8, Failure> {
-    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path).await? {
+    let (zk, mut signals) = match open(&args.connection, &args.job.lock_path, false).await? {
         Ok(opened) => opened,
         Err(code) => return Ok(code),
     };
@@ -464,7 +514,7 @@ async fn lead(args: &LeaderArgs, zk: &ManagedClient, signals: &mut Signals) -> R
         }
         tokio::select! {
             () = tokio::time::sleep(args.restart_delay) => {},
-            signal = signals.recv() => return Ok(128 + signal as u8),
+            signal = signals.recv_idle() => return Ok(128 + signal as u8),
         }
     }
 }
@@ -484,10 +534,10 @@ async fn serve(args: &LeaderArgs, latch: &LeaderLatch, signals: &mut Signals) ->
     loop {
         let leadership = tokio::select! {
             elected = latch.await_leadership() => elected.map_err(Failure::from_lock)?,
-            signal = signals.recv() => return Ok(Turn::Exit(128 + signal as u8)),
+            signal = signals.recv_idle() => return Ok(Turn::Exit(128 + signal as u8)),
         };
         eprintln!("zklock: leading {path} (fencing token {}); starting the command", leadership.fencing_token());
-        signals.stop_requested = false;
+        signals.stop_requested = None;
         let ended = match supervise(&args.connection, &args.job, leadership, signals).await {
             Ok(ended) => ended,
             Err(failure) if failure.code == exit::LOST => {
@@ -498,8 +548,13 @@ async fn serve(args: &LeaderArgs, latch: &LeaderLatch, signals: &mut Signals) ->
         };
         let code = match ended {
             // Asked to stop (systemd, Ctrl-C): leave, with the command's status.
-            Ended::Exited(code) | Ended::Signalled(code) if signals.stop_requested => return Ok(Turn::Exit(code)),
-            Ended::Lost if signals.stop_requested => return Ok(Turn::Exit(exit::LOST)),
+            Ended::Exited(code) | Ended::Signalled(code) if signals.stop_requested.is_some() => {
+                return Ok(Turn::Exit(code))
+            },
+            // Asked to stop as the leadership was lost: the signal's status, as while not leading.
+            Ended::Lost if signals.stop_requested.is_some() => {
+                return Ok(Turn::Exit(128 + signals.stop_requested.unwrap_or(libc::SIGTERM) as u8))
+            },
             Ended::Lost => {
                 eprintln!("zklock: leadership of {path} lost; the command was stopped; the latch rejoins the election");
                 continue;
@@ -564,13 +619,16 @@ struct Signals {
     /// Caught so that Ctrl-Z cannot stop zklock (its session would expire while the command, in
     /// a group of its own, runs on); ignored.
     stop: tokio::signal::unix::Signal,
-    /// Whether SIGINT, SIGTERM or SIGQUIT arrived (since last reset): asked to stop (SIGHUP is
-    /// only forwarded).
-    stop_requested: bool,
+    /// The last of SIGINT, SIGTERM or SIGQUIT that arrived (since last reset): asked to stop
+    /// (SIGHUP is only forwarded).
+    stop_requested: Option<i32>,
+    /// Whether SIGHUP ends zklock while no command runs (`run`: a terminal hang-up), or is
+    /// ignored then (`leader`: a service manager's reload, for the command only).
+    hangup_ends: bool,
 }
 
 impl Signals {
-    fn install() -> Result<Signals, Failure> {
+    fn install(hangup_ends: bool) -> Result<Signals, Failure> {
         let install = |kind: SignalKind| signal(kind).map_err(|err| Failure::new(exit::ERROR, err.to_string()));
         Ok(Signals {
             interrupt: install(SignalKind::interrupt())?,
@@ -578,7 +636,8 @@ impl Signals {
             hangup: install(SignalKind::hangup())?,
             quit: install(SignalKind::quit())?,
             stop: install(SignalKind::from_raw(libc::SIGTSTP))?,
-            stop_requested: false,
+            stop_requested: None,
+            hangup_ends,
         })
     }
 
@@ -593,15 +652,29 @@ impl Signals {
                 _ = self.stop.recv() => eprintln!("zklock: ignoring SIGTSTP: a lock holder cannot be suspended"),
             }
         };
-        self.stop_requested |= signal != libc::SIGHUP;
+        if signal != libc::SIGHUP {
+            self.stop_requested = Some(signal);
+        }
         signal
     }
 
-    /// A signal that already arrived, if any (no wait).
+    /// The next signal to act on while no command runs: SIGHUP is ignored here unless it ends
+    /// zklock (`hangup_ends`).
+    async fn recv_idle(&mut self) -> i32 {
+        loop {
+            let signal = self.recv().await;
+            if signal != libc::SIGHUP || self.hangup_ends {
+                return signal;
+            }
+            eprintln!("zklock: ignoring SIGHUP: no command runs (it is forwarded to a running one)");
+        }
+    }
+
+    /// A signal that already arrived while no command runs, if any (no wait).
     async fn pending(&mut self) -> Option<i32> {
         tokio::select! {
             biased;
-            signal = self.recv() => Some(signal),
+            signal = self.recv_idle() => Some(signal),
             () = std::future::ready(()) => None,
         }
     }
@@ -840,11 +913,15 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let zk = connect(&args.connection).await?;
     let mutex = InterProcessMutex::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
     let mut participants = mutex.participants().await.map_err(Failure::from_lock)?;
+    let mut election = false;
     if participants.is_empty() {
         // An election path (`zklock leader`, a LeaderLatch): its participants, the leader first.
         let latch = LeaderLatch::new(&zk, args.lock_path.as_str()).map_err(Failure::from_lock)?;
         participants = latch.participants().await.map_err(Failure::from_lock)?;
+        election = !participants.is_empty();
     }
+    let first = if election { "leader" } else { "holder" };
+    let containment = supervisor::auto_containment_here();
     if participants.is_empty() {
         // A missing chroot, or a missing lock path, lists as an empty queue: say so instead of
         // "free".
@@ -886,16 +963,22 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     "data": String::from_utf8_lossy(&p.data),
                     "session": format!("{:#x}", p.session_id),
                     "holder": p.is_holder,
+                    "role": if p.is_holder { first } else { "waiting" },
                 })
             })
             .collect();
-        let document = serde_json::json!({ "lock_path": args.lock_path, "participants": listed });
+        let document = serde_json::json!({
+            "lock_path": args.lock_path,
+            "kind": if election { "election" } else { "lock" },
+            "participants": listed,
+            "containment_here": containment,
+        });
         let _ = writeln!(out, "{document}");
     } else if participants.is_empty() {
         let _ = writeln!(out, "{}: free", args.lock_path);
     } else {
         for (position, p) in participants.iter().enumerate() {
-            let role = if p.is_holder { "holder" } else { "waiting" };
+            let role = if p.is_holder { first } else { "waiting" };
             let _ = writeln!(
                 out,
                 "{position:>3} {role:<8} {:<24} session {:#x} sequence {} ({})",
@@ -906,6 +989,9 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
             );
         }
     }
+    // Which containment `run` and `leader` get here by default (the holder's may be another
+    // host's): the README's *Containment* table says what each covers.
+    let _ = if args.json { Ok(()) } else { writeln!(out, "containment here (--containment auto): {containment}") };
     Ok(0)
 }
 

@@ -308,6 +308,44 @@ impl Containment {
     }
 }
 
+/// What `--containment auto` would give a command started on this host now: `pid-namespace`,
+/// `trace` or `subreaper` (for `zklock status`). Probed the way the supervisor enters each, in a
+/// throw-away child: fork, `unshare` (as we are, else through a user namespace); else fork a child
+/// and `PTRACE_SEIZE` it.
+pub fn auto_containment_here() -> &'static str {
+    // SAFETY: the children only call async-signal-safe functions (unshare, pause, _exit) before
+    // they exit; the parent waits for or kills and reaps them.
+    unsafe {
+        let child = libc::fork();
+        if child == 0 {
+            let entered = libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0
+                || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0;
+            libc::_exit(if entered { 0 } else { 1 });
+        }
+        if child > 0 {
+            let mut status = 0;
+            libc::waitpid(child, &mut status, 0);
+            if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                return CONTAIN_PID_NAMESPACE;
+            }
+        }
+        let child = libc::fork();
+        if child == 0 {
+            libc::pause();
+            libc::_exit(0);
+        }
+        if child > 0 {
+            let traced = libc::ptrace(libc::PTRACE_SEIZE, child, 0 as libc::c_long, 0 as libc::c_long) == 0;
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), libc::__WALL);
+            if traced {
+                return CONTAIN_TRACE;
+            }
+        }
+    }
+    CONTAIN_SUBREAPER
+}
+
 /// Why no PID namespace could be entered.
 struct Unavailable(String);
 

@@ -331,8 +331,21 @@ async fn status_lists_the_queue_in_order() {
     }
     let sequences: Vec<i64> = participants.iter().map(|p| p["sequence"].as_i64().unwrap()).collect();
     assert!(sequences.windows(2).all(|w| w[0] < w[1]), "{sequences:?}");
+    assert_eq!(participants[0]["role"], "holder", "{document}");
+    assert_eq!(document["kind"], "lock", "{document}");
     let text = run(&["status", &path]).await.stdout;
     assert!(text.lines().next().unwrap().contains("holder"), "{text}");
+    // The containment `auto` gives here, as a command started here with --verbose reports it.
+    let here = document["containment_here"].as_str().unwrap_or_default().to_owned();
+    assert!(text.ends_with(&format!("containment here (--containment auto): {here}\n")), "{text}");
+    let verbose = run(&["run", "--verbose", &unique_path("status-probe"), "--", "true"]).await.stderr;
+    let said = match here.as_str() {
+        "pid-namespace" => "containment: PID namespace",
+        "trace" => "containment: traced",
+        "subreaper" => "containment: child subreaper",
+        other => panic!("containment_here {other:?}"),
+    };
+    assert!(verbose.contains(said), "status says {here}, run --verbose says {verbose}");
 
     holder.release().await;
     for mut child in [waiter, default_data] {
@@ -403,35 +416,105 @@ async fn bad_input_gives_one_line_and_a_non_zero_exit() {
     }
 }
 
-/// SIGTERM while waiting: zklock gives its queued node up and exits 143.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT while waiting: zklock gives its queued node up and exits
+/// 128+N. While the command runs, each is forwarded to it, and zklock exits with its status
+/// (128+N: the command died of it) once the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_while_waiting_leaves_no_node() {
-    let path = unique_path("signal-waiting");
-    let holder = hold(&path, "holder").await;
-    let waiter = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
-    wait_for_queue(&path, 2).await;
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(waiter.id().unwrap() as libc::pid_t, libc::SIGTERM) };
-    let out = tokio::time::timeout(Duration::from_secs(10), waiter.wait_with_output()).await.unwrap().unwrap();
-    assert_eq!(out.status.code(), Some(143));
-    assert_eq!(queue_len(&path).await, 1, "only the holder is left");
-    holder.release().await;
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        let path = unique_path("signal-waiting");
+        let holder = hold(&path, "holder").await;
+        let waiter = zklock(&["run", &path, "--", "true"]).await.spawn().unwrap();
+        wait_for_queue(&path, 2).await;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(waiter.id().unwrap() as libc::pid_t, signal) };
+        let out = tokio::time::timeout(Duration::from_secs(10), waiter.wait_with_output()).await.unwrap().unwrap();
+        assert_eq!(out.status.code(), Some(128 + signal), "signal {signal} while waiting");
+        assert_eq!(queue_len(&path).await, 1, "only the holder is left (signal {signal})");
+        holder.release().await;
 
-    // While the command runs, a signal is forwarded to it; zklock exits with its status.
-    let running = zklock(&["run", &path, "--", "sh", "-c", "echo started; sleep 30"])
+        // While the command runs, the signal is forwarded to it; zklock exits with its status.
+        let running = zklock(&["run", &path, "--", "sh", "-c", "echo started; exec sleep 30"])
+            .await
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = running.id().unwrap();
+        let mut running = running;
+        let mut lines = BufReader::new(running.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+        assert_eq!(first.as_deref(), Some("started"));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        let status = tokio::time::timeout(Duration::from_secs(10), running.wait()).await.unwrap().unwrap();
+        assert_eq!(status.code(), Some(128 + signal), "the command was killed by the forwarded signal {signal}");
+        wait_for_queue(&path, 0).await;
+    }
+}
+
+/// SIGTSTP (Ctrl-Z) is ignored: zklock is not stopped (a stopped holder would lose the lock
+/// while its command runs on), says so, and the command runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigtstp_is_ignored() {
+    let path = unique_path("sigtstp");
+    let mut child = zklock(&["run", &path, "--", "sh", "-c", "echo started; sleep 1; echo done"])
         .await
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = running.id().unwrap();
-    let mut running = running;
-    let mut lines = BufReader::new(running.stdout.take().unwrap()).lines();
+    let pid = child.id().unwrap() as libc::pid_t;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
     assert_eq!(first.as_deref(), Some("started"));
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-    let status = tokio::time::timeout(Duration::from_secs(10), running.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(143), "the command was killed by the forwarded SIGTERM");
+    unsafe { libc::kill(pid, libc::SIGTSTP) };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rfind(')').and_then(|at| stat[at + 1..].split_whitespace().next()).unwrap_or("?").to_owned();
+    assert_ne!(state, "T", "zklock was stopped by SIGTSTP");
+    let done = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(done.as_deref(), Some("done"), "the command ran to its end");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("ignoring SIGTSTP"), "{stderr}");
+}
+
+/// `zklock leader` and SIGHUP (a service manager's reload): forwarded to the running command; a
+/// command that dies of it is restarted like any command that exits; while no command runs
+/// (the restart delay) SIGHUP is ignored — it never ends zklock leader. SIGTERM then does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_forwards_sighup_and_is_not_ended_by_it() {
+    let path = unique_path("leader-hup");
+    let mut child = zklock(&["leader", "--restart-delay", "2s", &path, "--", "sh", "-c", "echo run; exec sleep 300"])
+        .await
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as libc::pid_t;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    assert_eq!(line, "run");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    // The command died of it; zklock steps down and is in its 2 s restart delay: SIGHUP again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    assert_eq!(line, "run", "restarted after the command died of SIGHUP");
+    assert!(child.try_wait().unwrap().is_none(), "zklock leader ended on SIGHUP");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(stderr.contains("the command exited (129)"), "the forwarded SIGHUP killed the command: {stderr}");
+    assert!(stderr.contains("ignoring SIGHUP"), "{stderr}");
     wait_for_queue(&path, 0).await;
 }
 
@@ -873,6 +956,8 @@ async fn leader_runs_one_active_instance() {
     let listed = status(&path).await;
     assert_eq!(listed["participants"][0]["data"], "a", "{listed}");
     assert_eq!(listed["participants"][0]["holder"], true, "{listed}");
+    assert_eq!(listed["participants"][0]["role"], "leader", "{listed}");
+    assert_eq!(listed["kind"], "election", "{listed}");
 
     past_cold_start(t).await;
     let stalled_at = epoch_nanos();
