@@ -197,7 +197,110 @@ async fn nonblock_timeout_and_the_commands_status() {
     // The command's own status, and a signal's.
     assert_eq!(run(&["run", &path, "--", "sh", "-c", "exit 7"]).await.code, Some(7));
     assert_eq!(run(&["run", &path, "--", "sh", "-c", "kill -KILL $$"]).await.code, Some(128 + 9));
+    // The command's own 76 is its status, not a lost lock: nothing said, the lock released.
+    let out = run(&["run", &path, "--", "sh", "-c", "exit 76"]).await;
+    assert_eq!(out.code, Some(76));
+    assert!(!out.stderr.contains("lost"), "{}", out.stderr);
     assert_eq!(queue_len(&path).await, 0);
+    // 126: found but not executable.
+    let descendants = Descendants::new("not-executable");
+    let file = descendants.file("data.txt");
+    std::fs::write(&file, "not a program\n").unwrap();
+    let out = run(&["run", &path, "--", &file]).await;
+    assert_eq!(out.code, Some(126), "{}", out.stderr);
+    assert!(out.stderr.contains("cannot run"), "{}", out.stderr);
+    assert_eq!(queue_len(&path).await, 0, "released");
+    // 70, any other ZooKeeper error: a lock path under an ephemeral node (no children allowed).
+    use zk_recipes::zookeeper_client as zk;
+    let owner = zookeeper().await.client().await.unwrap();
+    let ephemeral = unique_path("ephemeral-parent");
+    let parent = ephemeral.rsplit_once('/').map(|(parent, _)| parent).unwrap_or("/");
+    owner.mkdir(parent, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    owner.create(&ephemeral, b"", &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let out = run(&["run", &format!("{ephemeral}/lock"), "--", "true"]).await;
+    assert_eq!(out.code, Some(70), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {}", out.stderr);
+}
+
+/// `--kill-after` defaults to T/4: what the command left running when it exited, if it ignores
+/// SIGTERM, gets SIGKILL T/4 after the command's exit (the lock is held meanwhile: the next
+/// holder's command starts after). A grace up to 0.35 T gets no warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_defaults_to_a_quarter_of_the_session_timeout() {
+    let t = Duration::from_secs(4);
+    let path = unique_path("default-grace");
+    let descendants = Descendants::new("default-grace");
+    let (beat, exited, next_file) = (descendants.file("beat"), descendants.file("exited"), descendants.file("next"));
+    let leftover = format!("trap '' TERM; {}", heartbeat_script(&beat));
+    let script =
+        format!("setsid sh -c \"{leftover}\" & sleep 0.5; date +%s%N > {exited}.tmp; mv {exited}.tmp {exited}; exit 0");
+    let first = zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
+    read_time(&beat, Duration::from_secs(20)).await;
+    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
+    let next =
+        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(20), first.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(first.status.code(), Some(0));
+    let exited_at = read_time(&exited, Duration::from_secs(1)).await;
+    let next_started = read_time(&next_file, Duration::from_secs(20)).await;
+    let last_beat = read_time(&beat, Duration::from_secs(1)).await;
+    let grace = Duration::from_nanos(last_beat.saturating_sub(exited_at) as u64);
+    eprintln!("the leftover ran {grace:?} after the command exited (T/4 = {:?})", t / 4);
+    assert!(last_beat < next_started, "the leftover ran when the next holder's command started");
+    // SIGKILL at T/4; the loop writes every 20 ms, and the exit is noticed at once.
+    assert!(grace + Duration::from_millis(40) >= t / 4, "killed {grace:?} after the exit, before T/4");
+    assert!(grace <= t / 4 + Duration::from_millis(20) + SCHED_SLACK, "killed {grace:?} after the exit");
+    assert!(next.wait_with_output().await.unwrap().status.success());
+    // A grace at 0.35 T is not warned about; above it is (a_long_kill_after_still_ends_at_the_loss_deadline).
+    let out = run(&["run", "--session-timeout", "4s", "--kill-after", "1400ms", &path, "--", "true"]).await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    let out = run(&["run", "--session-timeout", "4s", "--kill-after", "1500ms", &path, "--", "true"]).await;
+    assert!(out.stderr.contains("warning: --kill-after"), "{}", out.stderr);
+}
+
+/// `zklock leader`'s defaults: a command that exits by itself is run again after 1 s
+/// (`--restart-delay`), and the participant id (`--data`) is `hostname:pid`. The command's own
+/// exit 76 is an exit like any other (restarted), not a lost leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_defaults_restart_delay_and_data() {
+    let path = unique_path("leader-defaults");
+    let script = "echo run $(date +%s%N); sleep 1; echo exit $(date +%s%N); exit 76";
+    let mut child = zklock(&["leader", &path, "--", "sh", "-c", script])
+        .await
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let time = |line: &str, word: &str| -> u128 {
+        line.strip_prefix(word).and_then(|t| t.trim().parse().ok()).unwrap_or_else(|| panic!("{word}: {line}"))
+    };
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    time(&line, "run ");
+    // The participant id while it leads (the command runs for 1 s).
+    let document = status(&path).await;
+    let data = document["participants"][0]["data"].as_str().unwrap_or_default().to_owned();
+    assert!(data.ends_with(&format!(":{pid}")), "{document}");
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    let exited = time(&line, "exit ");
+    let (line, _) = next_line(&mut lines, "zklock leader").await;
+    let again = time(&line, "run ");
+    let gap = Duration::from_nanos((again - exited) as u64);
+    eprintln!("restarted {gap:?} after the command exited");
+    assert!(gap >= Duration::from_secs(1), "restarted after {gap:?}, before the default 1 s");
+    // The delay, then stepping down and the election: a few round trips.
+    assert!(gap <= Duration::from_secs(1) + SCHED_SLACK * 2, "restarted only after {gap:?}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+    assert!(stderr.contains("the command exited (76)"), "{stderr}");
+    assert!(!stderr.contains("lost"), "the command's 76 is not a lost leadership: {stderr}");
+    assert!(matches!(status.code(), Some(76) | Some(143)), "{status:?} {stderr}");
+    wait_for_queue(&path, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -822,28 +925,67 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containmen
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
     assert_eq!(line.as_deref(), Some("started"));
     let (pid, started, _) = descendants.read("daemon").await;
+    // The next holder, queued on the server directly, says when its command started.
+    let next_file = descendants.file("next");
+    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
+    let next =
+        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    past_cold_start(Duration::from_secs(4)).await;
+    let watcher = watch_until_gone(vec![(pid, started)]);
+    let stalled_at = epoch_nanos();
     proxy.stall();
-    let stalled_at = Instant::now();
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("zklock exits").unwrap();
-    let exited_in = stalled_at.elapsed();
-    let daemon_ran_on = still_runs(pid, started);
+    let exited_at = epoch_nanos();
+    let next_started = read_time(&next_file, Duration::from_secs(30)).await;
+    let gone_at = watcher.join().unwrap()[0].expect("the setsid descendant outlived the lost lock (30 s)");
     // Bounded: a surviving descendant would hold the pipe open.
     let mut stderr = String::new();
     let mut pipe = child.stderr.take().unwrap();
     let read = tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr);
     let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
     proxy.pass();
+    assert!(next.wait_with_output().await.unwrap().status.success());
+    let after = |ns: u128| Duration::from_nanos(ns.saturating_sub(stalled_at) as u64);
+    eprintln!(
+        "stalled: the setsid descendant gone after {:?}, zklock exited after {:?}, the next holder's command started \
+         after {:?}",
+        after(gone_at),
+        after(exited_at),
+        after(next_started)
+    );
     assert_eq!(status.code(), Some(76), "{stderr}");
-    assert!(!daemon_ran_on, "the setsid descendant outlived the lost lock");
-    // Told within 0.4 T, then the SIGTERM and (unneeded here) SIGKILL grace.
-    assert!(exited_in < Duration::from_secs(5), "{exited_in:?}");
+    assert!(gone_at < next_started, "the setsid descendant ran when the next holder's command started");
+    // Told within 0.4 T of the stall (README); `sleep` dies of the SIGTERM at once.
+    let bound = Duration::from_secs(4) * 2 / 5 + SCHED_SLACK;
+    assert!(
+        after(gone_at) <= bound,
+        "the setsid descendant gone {:?} after the stall; bound {bound:?}",
+        after(gone_at)
+    );
+    assert!(after(exited_at) <= bound, "zklock exited {:?} after the stall; bound {bound:?}", after(exited_at));
 
+    // The command exits, leaving a setsid descendant: it is gone before the next holder starts.
     let left = descendants.file("left");
-    let script = format!("setsid sh -c 'sleep 300 & echo $! > {left}.tmp; mv {left}.tmp {left}'; exit 3");
-    let out = run_in(containment, &["run", &path, "--", "sh", "-c", &script]).await;
-    assert_eq!(out.code, Some(3), "the command's status: {}", out.stderr);
-    let pid: libc::pid_t = std::fs::read_to_string(&left).unwrap().trim().parse().unwrap();
-    assert!(proc_stat(pid).is_none(), "what the command left running outlived the lock");
+    let holder = hold(&path, "holder").await;
+    let script = format!("setsid sh -c 'sleep 300 & echo $! > {left}.tmp; mv {left}.tmp {left}'; sleep 1; exit 3");
+    let mut leaving = zklock_in(containment, &["run", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    let next_file = descendants.file("next-2");
+    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
+    let next = zklock(&["run", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    wait_for_queue(&path, 3).await;
+    // Not awaited here: the holder's exit (after its release) may take longer than the command runs.
+    let released = tokio::spawn(holder.release());
+    let (pid, started, _) = descendants.read("left").await;
+    let watcher = watch_until_gone(vec![(pid, started)]);
+    released.await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), leaving.wait()).await.expect("zklock exits").unwrap();
+    assert_eq!(status.code(), Some(3), "the command's status");
+    let next_started = read_time(&next_file, Duration::from_secs(20)).await;
+    let gone_at = watcher.join().unwrap()[0].expect("what the command left running outlived the lock (30 s)");
+    assert!(gone_at < next_started, "what the command left running ran when the next holder's command started");
+    assert!(next.wait_with_output().await.unwrap().status.success());
 }
 
 /// The supervisor killed on its own (SIGKILL): the command dies with it, and zklock, which adopts
@@ -1222,35 +1364,83 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped_in(containment: 
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     wait_leaderless(pid).await;
+    // The next holder (granted once the killed zklock's session expired) says when its command
+    // started; the program must be gone by then — and it is, within T/4 of the kill.
+    let next_file = descendants.file("next");
+    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
+    let next =
+        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    wait_for_queue(&path, 2).await;
+    let watcher = watch_threads_until_gone(pid);
     first.start_kill().unwrap();
+    let killed_at = epoch_nanos();
     first.wait().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(1) + SCHED_SLACK;
-    while any_thread_runs(pid) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let ran_on = any_thread_runs(pid);
-    if ran_on {
+    let next_started = read_time(&next_file, Duration::from_secs(30)).await;
+    let gone_at = watcher.join().unwrap();
+    let Some(gone_at) = gone_at else {
         // SAFETY: kill(2) on the program this test started.
         unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    assert!(!ran_on, "a descendant whose main thread exited outlived the killed zklock");
+        panic!("a descendant whose main thread exited outlived the killed zklock (30 s)");
+    };
+    assert!(gone_at < next_started, "it ran when the next holder's command started");
+    let after_kill = Duration::from_nanos(gone_at.saturating_sub(killed_at) as u64);
+    assert!(after_kill <= Duration::from_secs(1) + SCHED_SLACK, "gone {after_kill:?} after the kill (T/4 = 1 s)");
+    assert!(next.wait_with_output().await.unwrap().status.success());
     std::fs::remove_file(&pid_file).unwrap();
 
-    // The command exits, leaving it behind.
-    let script = format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; exit 0");
-    let out = run_in(
+    // The command exits, leaving it behind: gone before the next holder's command starts.
+    let holder = hold(&path, "holder").await;
+    let script =
+        format!("setsid python3 {program} > {pid_file}.tmp & sleep 0.5; mv {pid_file}.tmp {pid_file}; sleep 1; exit 0");
+    let mut leaving = zklock_in(
         containment,
         &["run", "--session-timeout", "4s", "--kill-after", "1s", &path, "--", "sh", "-c", &script],
     )
-    .await;
-    let pid: libc::pid_t = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let ran_on = any_thread_runs(pid);
-    if ran_on {
+    .await
+    .spawn()
+    .unwrap();
+    wait_for_queue(&path, 2).await;
+    let next = zklock(&["run", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    wait_for_queue(&path, 3).await;
+    std::fs::remove_file(&next_file).unwrap();
+    // Not awaited here: the holder's exit (after its release) may take longer than the command runs.
+    let released = tokio::spawn(holder.release());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid: libc::pid_t = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the leaderless program never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let watcher = watch_threads_until_gone(pid);
+    released.await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), leaving.wait()).await.expect("zklock exits").unwrap();
+    assert_eq!(status.code(), Some(0));
+    let next_started = read_time(&next_file, Duration::from_secs(20)).await;
+    let Some(gone_at) = watcher.join().unwrap() else {
         // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(!ran_on, "a descendant whose main thread exited outlived the released lock");
+        panic!("a descendant whose main thread exited outlived the released lock (30 s)");
+    };
+    assert!(gone_at < next_started, "it ran when the next holder's command started");
+    assert!(next.wait_with_output().await.unwrap().status.success());
+}
+
+/// Watches `pid` on a thread of its own until none of its threads runs (a process whose main
+/// thread exited shows `Z` in `/proc/PID/stat` while others run): when (epoch nanoseconds), or
+/// `None` after 30 s.
+fn watch_threads_until_gone(pid: libc::pid_t) -> std::thread::JoinHandle<Option<u128>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if !any_thread_runs(pid) {
+                return Some(epoch_nanos());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    })
 }
 
 /// One SIGTERM per stop: a lost lock stops a command that traps SIGTERM (and keeps running)
