@@ -102,7 +102,10 @@
 //!   itself — before the child can run — so every live process descended from the command is
 //!   traced by the supervisor. When a tracer exits, for any reason, the kernel sends SIGKILL to
 //!   every tracee with `PTRACE_O_EXITKILL`; a tracee in the middle of a fork then has SIGKILL
-//!   pending and the kernel abandons the fork. So no descendant outlives the supervisor. Tracees
+//!   pending and the kernel abandons the fork. The one exception the kernel makes is a clone with
+//!   `CLONE_UNTRACED` (its child is not attached): the command runs under a seccomp filter
+//!   ([`untraced_clone_filter`]) that refuses that flag, and `clone3` (whose flags a filter cannot
+//!   see) altogether. So no descendant outlives the supervisor. Tracees
 //!   stop on every signal they are sent and on each fork; [`resume_traced`] lets them go on at
 //!   once, delivering the signal (a group-stop is kept with `PTRACE_LISTEN`, so SIGSTOP and
 //!   SIGCONT behave as untraced). A tracee cannot detach itself, and no other tracer can attach
@@ -756,16 +759,30 @@ impl Supervisor {
     /// SIGTERM to everything, SIGKILL after the grace.
     fn stop(&mut self, now: Instant) {
         self.signal_all(libc::SIGTERM);
+        // A stopped process acts on SIGTERM only once continued (as systemd does after its kill
+        // signal).
+        self.signal_all(libc::SIGCONT);
         self.phase = Phase::Stopping(now.checked_add(self.grace).unwrap_or(now));
     }
 
     /// A signal for the command: its process group while it runs, else everything it left.
     fn forward(&mut self, signal: i32) {
+        // A signal that asks to stop is followed by SIGCONT, so that a stopped command acts on it
+        // (else zklock would wait for it for ever).
+        let then_continue = matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGQUIT);
         if self.status.is_none() {
             // SAFETY: kill(2) has no memory effects; the group id is our unreaped child's pid.
-            unsafe { libc::kill(-self.command, signal) };
+            unsafe {
+                libc::kill(-self.command, signal);
+                if then_continue {
+                    libc::kill(-self.command, libc::SIGCONT);
+                }
+            }
         } else {
             self.signal_all(signal);
+            if then_continue {
+                self.signal_all(libc::SIGCONT);
+            }
         }
     }
 
@@ -792,10 +809,78 @@ impl Supervisor {
     }
 }
 
+/// What the supervisor tells the command's process through the pipe once it is seized.
+const TRACED: u8 = b'T';
+
 /// `PTRACE_O_*` options for a traced command: every process and thread it starts is traced
 /// from its first instruction (fork, vfork, clone) and gets SIGKILL when the tracer dies.
 const TRACE_OPTIONS: libc::c_int =
     libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+
+/// The seccomp filter a traced command runs under: a process it starts with `CLONE_UNTRACED`
+/// (which the kernel does not attach to the tracer) would escape the tracing, so `clone` with
+/// that flag fails with EPERM; `clone3`, whose flags a filter cannot read (they are in memory),
+/// fails with ENOSYS, and the C libraries fall back to `clone` (as under Docker's default
+/// profile); x32 system calls fail with ENOSYS. Covers the native ABI and the 32-bit one beside
+/// it (i386 on x86_64, arm on aarch64); anything else passes.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn untraced_clone_filter() -> Vec<libc::sock_filter> {
+    #[cfg(target_arch = "x86_64")]
+    const ABIS: [(u32, u32, u32); 2] = [(0xC000_003E, 56, 435), (0x4000_0003, 120, 435)];
+    #[cfg(target_arch = "aarch64")]
+    const ABIS: [(u32, u32, u32); 2] = [(0xC000_00B7, 220, 435), (0x4000_0028, 120, 435)];
+    const X32_BIT: u32 = 0x4000_0000;
+    let op = |code: u32| code as u16;
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: op(code), jt: 0, jf: 0, k };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter { code: op(code), jt, jf, k };
+    let load = |offset: u32| stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, offset);
+    let eq = |k: u32, jt: u8, jf: u8| jump(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, k, jt, jf);
+    let ret = |k: u32| stmt(libc::BPF_RET | libc::BPF_K, k);
+    // seccomp_data: nr at 0, arch at 4, args[0] at 16 (its low 32 bits on these little-endian
+    // targets: CLONE_UNTRACED is among them).
+    let (native, compat) = (ABIS[0], ABIS[1]);
+    vec![
+        /* 0 */ load(4),
+        /* 1 */ eq(native.0, 2, 0), // → 4
+        /* 2 */ eq(compat.0, 6, 0), // → 9
+        /* 3 */ ret(libc::SECCOMP_RET_ALLOW),
+        /* 4 */ load(0),
+        /* 5 */ jump(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, X32_BIT, 9, 0), // → 15
+        /* 6 */ eq(native.2, 8, 0), // → 15
+        /* 7 */ eq(native.1, 4, 0), // → 12
+        /* 8 */ ret(libc::SECCOMP_RET_ALLOW),
+        /* 9 */ load(0),
+        /* 10 */ eq(compat.2, 4, 0), // → 15
+        /* 11 */ eq(compat.1, 0, 2), // → 12, else → 14
+        /* 12 */ load(16),
+        /* 13 */
+        jump(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, libc::CLONE_UNTRACED as u32, 2, 0), // → 16
+        /* 14 */ ret(libc::SECCOMP_RET_ALLOW),
+        /* 15 */ ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        /* 16 */ ret(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+    ]
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn untraced_clone_filter() -> Vec<libc::sock_filter> {
+    Vec::new()
+}
+
+/// Installs [`untraced_clone_filter`] on this process (it is inherited by everything it
+/// starts, across `exec`, and cannot be removed). Without `CAP_SYS_ADMIN` the kernel requires
+/// `no_new_privs` first (setuid programs then gain no privileges — which, traced and not root,
+/// they do not anyway). Async-signal-safe: `filter` was built before the fork.
+fn install_clone_filter(filter: &[libc::sock_filter]) -> bool {
+    if filter.is_empty() {
+        return false;
+    }
+    let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: prctl reads `program`, which points at `filter`, alive for the call.
+    unsafe {
+        let install = || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &program as *const _) == 0;
+        install() || (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && install())
+    }
+}
 
 /// `PTRACE_EVENT_STOP` (not in every libc target): a seized tracee's group-stop or first stop.
 const PTRACE_EVENT_STOP: libc::c_int = 128;
@@ -815,6 +900,8 @@ fn spawn(
     program: &OsString,
     tracing: Tracing,
 ) -> Result<(libc::pid_t, bool), u8> {
+    // Built before the fork: the child only installs it.
+    let filter = if tracing == Tracing::No { Vec::new() } else { untraced_clone_filter() };
     let mut go = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into `go`.
     if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -849,6 +936,10 @@ fn spawn(
                 libc::_exit(ERROR as i32);
             }
             libc::close(go[0]);
+            if word == TRACED && !install_clone_filter(&filter) {
+                let say = b"zklock: warning: no seccomp filter: a process the command starts with clone(CLONE_UNTRACED) would escape tracing\n";
+                libc::write(2, say.as_ptr().cast(), say.len());
+            }
             let mut empty = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -875,7 +966,7 @@ fn spawn(
             libc::waitpid(child, std::ptr::null_mut(), 0);
             return Err(ERROR);
         }
-        let word = b'G';
+        let word = if traced { TRACED } else { b'G' };
         let sent = libc::write(go[1], (&word as *const u8).cast(), 1);
         libc::close(go[1]);
         if sent != 1 {

@@ -1716,3 +1716,88 @@ async fn a_long_kill_after_still_ends_at_the_loss_deadline() {
     assert!(after(last_beat) <= bound, "SIGKILL {:?} after the stall; bound {bound:?}", after(last_beat));
     drop(next);
 }
+
+/// `--containment trace` and a process started with `clone(CLONE_UNTRACED)`, which the kernel
+/// does not attach to the tracer (review 21): the seccomp filter the command runs under refuses
+/// that flag (EPERM), so nothing escapes the tracing; with zklock and its supervisor killed
+/// together, no descendant is left. Plain forks, threads and `posix_spawn` (through `clone` once
+/// `clone3` says ENOSYS) still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_refuses_an_untraced_clone() {
+    let path = unique_path("untraced-clone");
+    let descendants = Descendants::new("untraced-clone");
+    let (source, program) = (descendants.file("untraced.c"), descendants.file("untraced"));
+    let marker = marked_sleep();
+    std::fs::write(
+        &source,
+        "#define _GNU_SOURCE\n#include <errno.h>\n#include <pthread.h>\n#include <sched.h>\n#include <signal.h>\n\
+         #include <spawn.h>\n#include <stdio.h>\n#include <sys/syscall.h>\n#include <sys/wait.h>\n#include <unistd.h>\n\
+         extern char **environ;\n\
+         static void *nothing(void *arg) { return arg; }\n\
+         int main(int argc, char **argv) { (void)argc;\n\
+           pthread_t t; int threads = pthread_create(&t, 0, nothing, 0) == 0 && pthread_join(t, 0) == 0;\n\
+           pid_t spawned; char *args[] = {\"true\", 0};\n\
+           int spawn = posix_spawnp(&spawned, \"true\", 0, 0, args, environ) == 0 && waitpid(spawned, 0, 0) == spawned;\n\
+           long pid = syscall(SYS_clone, CLONE_UNTRACED | SIGCHLD, 0, 0, 0, 0);\n\
+           if (pid == 0) { setsid(); execlp(\"sleep\", \"sleep\", argv[1], (char *)0); _exit(1); }\n\
+           if (pid < 0) printf(\"refused %d threads %d spawn %d\\n\", errno, threads, spawn);\n\
+           else printf(\"cloned %ld threads %d spawn %d\\n\", pid, threads, spawn);\n\
+           fflush(stdout); pause(); return 0; }\n",
+    )
+    .unwrap();
+    let compiled =
+        std::process::Command::new("cc").args(["-pthread", "-o", &program, &source]).status().expect("run cc");
+    assert!(compiled.success(), "cc failed");
+    let mut first = zklock_in("trace", &["run", "--session-timeout", "4s", &path, "--", &program, &marker])
+        .await
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let zklock_pid = first.id().unwrap() as libc::pid_t;
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let (line, _) = next_line(&mut lines, "the command").await;
+    let supervisor = children_of(zklock_pid);
+    assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
+    // Killed together, as pkill -9 -f zklock does.
+    // SAFETY: kill(2) on zklock and its child, which this test started.
+    unsafe {
+        libc::kill(supervisor[0], libc::SIGSTOP);
+        libc::kill(zklock_pid, libc::SIGSTOP);
+        libc::kill(supervisor[0], libc::SIGKILL);
+        libc::kill(zklock_pid, libc::SIGKILL);
+    }
+    first.wait().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let escaped = find_sleep(&marker);
+    if let Some((pid, started)) = escaped {
+        if still_runs(pid, started) {
+            // SAFETY: kill(2) on the process this test's command started (checked by its start time).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    assert!(escaped.is_none(), "a process started with CLONE_UNTRACED outlived zklock and its supervisor: {line}");
+    assert_eq!(line, format!("refused {} threads 1 spawn 1", libc::EPERM), "what the command saw");
+}
+
+/// A stopped command still ends when zklock is asked to stop: the forwarded SIGTERM is followed
+/// by SIGCONT (as systemd does), so zklock exits 143 instead of waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_command_still_gets_the_forwarded_sigterm() {
+    let path = unique_path("stopped-command");
+    let mut child =
+        zklock(&["run", &path, "--", "sh", "-c", "echo started; kill -STOP $$; echo resumed; exec sleep 300"])
+            .await
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (line, _) = next_line(&mut lines, "the command").await;
+    assert_eq!(line, "started");
+    // Stopped by now (give the shell its kill).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("zklock exits").unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    wait_for_queue(&path, 0).await;
+}
