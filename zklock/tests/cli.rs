@@ -232,13 +232,10 @@ async fn kill_after_defaults_to_a_quarter_of_the_session_timeout() {
     let descendants = Descendants::new("default-grace");
     let (beat, exited, next_file) = (descendants.file("beat"), descendants.file("exited"), descendants.file("next"));
     let leftover = format!("trap '' TERM; {}", heartbeat_script(&beat));
-    let script =
-        format!("setsid sh -c \"{leftover}\" & sleep 0.5; date +%s%N > {exited}.tmp; mv {exited}.tmp {exited}; exit 0");
+    let script = format!("setsid sh -c \"{leftover}\" & sleep 0.5; {}; exit 0", stamp(&exited));
     let first = zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
     read_time(&beat, Duration::from_secs(20)).await;
-    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
-    let next =
-        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = next_holder(&path, &next_file).await;
     let first = tokio::time::timeout(Duration::from_secs(20), first.wait_with_output()).await.unwrap().unwrap();
     assert_eq!(first.status.code(), Some(0));
     let exited_at = read_time(&exited, Duration::from_secs(1)).await;
@@ -927,9 +924,7 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containmen
     let (pid, started, _) = descendants.read("daemon").await;
     // The next holder, queued on the server directly, says when its command started.
     let next_file = descendants.file("next");
-    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
-    let next =
-        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = next_holder(&path, &next_file).await;
     wait_for_queue(&path, 2).await;
     past_cold_start(Duration::from_secs(4)).await;
     let watcher = watch_until_gone(vec![(pid, started)]);
@@ -939,11 +934,7 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containmen
     let exited_at = epoch_nanos();
     let next_started = read_time(&next_file, Duration::from_secs(30)).await;
     let gone_at = watcher.join().unwrap()[0].expect("the setsid descendant outlived the lost lock (30 s)");
-    // Bounded: a surviving descendant would hold the pipe open.
-    let mut stderr = String::new();
-    let mut pipe = child.stderr.take().unwrap();
-    let read = tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr);
-    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    let stderr = stderr_of(&mut child).await;
     proxy.pass();
     assert!(next.wait_with_output().await.unwrap().status.success());
     let after = |ns: u128| Duration::from_nanos(ns.saturating_sub(stalled_at) as u64);
@@ -972,8 +963,7 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containmen
     let mut leaving = zklock_in(containment, &["run", &path, "--", "sh", "-c", &script]).await.spawn().unwrap();
     wait_for_queue(&path, 2).await;
     let next_file = descendants.file("next-2");
-    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
-    let next = zklock(&["run", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = zklock(&["run", &path, "--", "sh", "-c", &stamp(&next_file)]).await.spawn().unwrap();
     wait_for_queue(&path, 3).await;
     // Not awaited here: the holder's exit (after its release) may take longer than the command runs.
     let released = tokio::spawn(holder.release());
@@ -1263,17 +1253,8 @@ async fn both_killed_in(containment: &str, named: &str) {
         };
         watched.push(found);
     }
-    let supervisor = children_of(zklock_pid);
-    assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
     let watcher = watch_until_gone(watched.clone());
-    // Both stopped first, so that neither acts on the other's death; then both killed.
-    // SAFETY: kill(2) on zklock and its child, which this test started.
-    unsafe {
-        libc::kill(supervisor[0], libc::SIGSTOP);
-        libc::kill(zklock_pid, libc::SIGSTOP);
-        libc::kill(supervisor[0], libc::SIGKILL);
-        libc::kill(zklock_pid, libc::SIGKILL);
-    }
+    kill_together(zklock_pid);
     let killed_at = epoch_nanos();
     first.wait().await.unwrap();
     let next = run(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", "date +%s%N"]).await;
@@ -1367,9 +1348,7 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped_in(containment: 
     // The next holder (granted once the killed zklock's session expired) says when its command
     // started; the program must be gone by then — and it is, within T/4 of the kill.
     let next_file = descendants.file("next");
-    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
-    let next =
-        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = next_holder(&path, &next_file).await;
     wait_for_queue(&path, 2).await;
     let watcher = watch_threads_until_gone(pid);
     first.start_kill().unwrap();
@@ -1400,7 +1379,7 @@ async fn a_descendant_whose_main_thread_exited_is_still_stopped_in(containment: 
     .spawn()
     .unwrap();
     wait_for_queue(&path, 2).await;
-    let next = zklock(&["run", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = zklock(&["run", &path, "--", "sh", "-c", &stamp(&next_file)]).await.spawn().unwrap();
     wait_for_queue(&path, 3).await;
     std::fs::remove_file(&next_file).unwrap();
     // Not awaited here: the holder's exit (after its release) may take longer than the command runs.
@@ -1571,7 +1550,43 @@ async fn review_c_script_passes_as_written() {
 
 /// The command writes the time (epoch nanoseconds) into `file` every 20 ms, until it is killed.
 fn heartbeat_script(file: &str) -> String {
-    format!("while :; do date +%s%N > {file}.tmp; mv {file}.tmp {file}; sleep 0.02; done")
+    format!("while :; do {}; sleep 0.02; done", stamp(file))
+}
+
+/// A shell command that writes the time (epoch nanoseconds) into `file`, whole (a rename).
+fn stamp(file: &str) -> String {
+    format!("date +%s%N > {file}.tmp; mv {file}.tmp {file}")
+}
+
+/// The next holder of `path` (T = 4 s): a `zklock run` whose command writes the time it started
+/// into `file` — what the tests compare a stopped command's last sign of life with.
+async fn next_holder(path: &str, file: &str) -> Child {
+    zklock(&["run", "--session-timeout", "4s", path, "--", "sh", "-c", &stamp(file)]).await.spawn().unwrap()
+}
+
+/// SIGKILL to zklock and its supervisor together, as `pkill -9 -f zklock` does; both stopped
+/// first, so that neither acts on the other's death.
+fn kill_together(zklock_pid: libc::pid_t) {
+    let supervisor = children_of(zklock_pid);
+    assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
+    // SAFETY: kill(2) on zklock and its child, which the test started.
+    unsafe {
+        libc::kill(supervisor[0], libc::SIGSTOP);
+        libc::kill(zklock_pid, libc::SIGSTOP);
+        libc::kill(supervisor[0], libc::SIGKILL);
+        libc::kill(zklock_pid, libc::SIGKILL);
+    }
+}
+
+/// What a child wrote to its piped stderr, read for at most 5 s (a surviving descendant would
+/// hold the pipe open).
+async fn stderr_of(child: &mut Child) -> String {
+    let mut stderr = String::new();
+    if let Some(pipe) = child.stderr.as_mut() {
+        let read = tokio::io::AsyncReadExt::read_to_string(pipe, &mut stderr);
+        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    }
+    stderr
 }
 
 /// Polls `file` until it holds a time; returns it.
@@ -1606,7 +1621,7 @@ async fn a_frozen_zklock_has_its_command_stopped_before_the_next_holder_starts()
                 .unwrap();
         read_time(&beat, Duration::from_secs(20)).await;
         // The next contender is queued before the freeze.
-        let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}; exec sleep 300");
+        let next_script = format!("{}; exec sleep 300", stamp(&next_file));
         let mut next = zklock(&[subcommand, "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script])
             .await
             .spawn()
@@ -1648,9 +1663,7 @@ async fn a_frozen_zklock_has_its_command_stopped_before_the_next_holder_starts()
             first.start_kill().unwrap();
             first.wait().await.unwrap();
         }
-        let mut stderr = String::new();
-        let read = tokio::io::AsyncReadExt::read_to_string(first.stderr.as_mut().unwrap(), &mut stderr);
-        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+        let stderr = stderr_of(&mut first).await;
         assert!(stderr.contains("did not renew the lock's lease"), "{subcommand}: the supervisor says why: {stderr}");
         next.start_kill().unwrap();
         next.wait().await.unwrap();
@@ -1688,9 +1701,7 @@ async fn a_long_kill_after_still_ends_at_the_loss_deadline() {
     .spawn()
     .unwrap();
     read_time(&beat, Duration::from_secs(20)).await;
-    let next_script = format!("date +%s%N > {next_file}.tmp; mv {next_file}.tmp {next_file}");
-    let next =
-        zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &next_script]).await.spawn().unwrap();
+    let next = next_holder(&path, &next_file).await;
     wait_for_queue(&path, 2).await;
     past_cold_start(t).await;
     let stalled_at = epoch_nanos();
@@ -1705,9 +1716,7 @@ async fn a_long_kill_after_still_ends_at_the_loss_deadline() {
         after(last_beat),
         after(next_started)
     );
-    let mut stderr = String::new();
-    let read = tokio::io::AsyncReadExt::read_to_string(first.stderr.as_mut().unwrap(), &mut stderr);
-    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    let stderr = stderr_of(&mut first).await;
     assert_eq!(status.code(), Some(76), "{stderr}");
     assert!(stderr.contains("warning: --kill-after"), "{stderr}");
     assert!(last_beat < next_started, "the command outlived the lock: {stderr}");
@@ -1756,16 +1765,7 @@ async fn trace_refuses_an_untraced_clone() {
     let zklock_pid = first.id().unwrap() as libc::pid_t;
     let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
     let (line, _) = next_line(&mut lines, "the command").await;
-    let supervisor = children_of(zklock_pid);
-    assert_eq!(supervisor.len(), 1, "zklock's one child, the supervisor: {supervisor:?}");
-    // Killed together, as pkill -9 -f zklock does.
-    // SAFETY: kill(2) on zklock and its child, which this test started.
-    unsafe {
-        libc::kill(supervisor[0], libc::SIGSTOP);
-        libc::kill(zklock_pid, libc::SIGSTOP);
-        libc::kill(supervisor[0], libc::SIGKILL);
-        libc::kill(zklock_pid, libc::SIGKILL);
-    }
+    kill_together(zklock_pid);
     first.wait().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let escaped = find_sleep(&marker);
