@@ -68,8 +68,10 @@ Exit status:
   69   cannot connect to ZooKeeper (within --connect-timeout), or its chroot does not exist
   70   any other ZooKeeper error
   75   --timeout passed before the lock was granted
-  76   the lock was lost while the command ran (the command and everything it started got
-       SIGTERM, then SIGKILL) or before it started (it was not started)
+  76   the lock was lost while the command (or what it left running) ran — the command and
+       everything it started got SIGTERM, then SIGKILL — or before it started (it was not
+       started); or zklock, stopped or starved, could not renew its supervisor's lease on the
+       lock in time, and the supervisor killed them at the lock's loss deadline
   77   ZooKeeper's ACLs refused us
   126  the command could not be executed
   127  the command was not found
@@ -275,8 +277,10 @@ struct LeaderArgs {
 struct StatusArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Print JSON: {"lock_path": ..., "participants": [{"position", "node", "sequence", "data",
-    /// "session", "holder"}, ...]}, holder first.
+    /// Print JSON: {"lock_path", "kind": "lock" or "election", "participants": [{"position",
+    /// "node", "sequence", "data", "session", "holder", "role": "holder", "leader" or
+    /// "waiting"}, ...] (holder or leader first), "containment_here": what `--containment auto`
+    /// gives a command started on this host}.
     #[arg(long)]
     json: bool,
     /// The lock path.
@@ -733,8 +737,11 @@ async fn supervise(
     // The supervisor's lease (supervisor.rs, *zklock's word*): the hold's loss deadline, renewed
     // below as heartbeats move it. Read after the state check above; a hold lost in between has
     // none (`lost()` below then stops the command at once).
-    let lease =
-        |guard: &LockGuard| guard.certain_for().map(|left| supervisor::boottime_nanos() + left.as_nanos() as u64);
+    // The clock is read first: the lease then ends no later than the deadline.
+    let lease = |guard: &LockGuard| {
+        let now = supervisor::boottime_nanos();
+        guard.certain_for().map(|left| now + left.as_nanos() as u64)
+    };
     // The command runs under a supervisor, a copy of us (see supervisor.rs for the invariant and
     // its proof): a child subreaper that kills everything the command started when we die (it
     // sees the end of file on the control socket), when we ask (a lost lock) and when the command
@@ -838,11 +845,22 @@ async fn supervise(
     }
     if !lost {
         if let zk_recipes::LockState::Lost(reason) = guard.state() {
-            // Lost while the supervisor ended: it may have stopped the command because we did
-            // not renew its lease in time (we were stopped or starved), and the command ran
-            // without the lock at the end either way.
+            // Lost while the supervisor ended: the command ran without the lock at the end.
             eprintln!("zklock: lock {} lost ({reason}) while the command ran; it was stopped", job.lock_path);
-            lost = true;
+            drop(guard);
+            return Ok(Ended::Lost);
+        }
+        if supervisor::lease_lapsed(&control) {
+            // The supervisor stopped everything at the lock's loss deadline, which we did not
+            // move on in time (we were stopped or starved). The hold may have survived (an
+            // answer came in once we ran again): given back, confirmed, but the command was
+            // stopped as for a lost lock.
+            eprintln!(
+                "zklock: the command was stopped: zklock could not renew the lock's lease before its loss deadline \
+                 (it was stopped or starved)"
+            );
+            release(guard, connection).await;
+            return Ok(Ended::Lost);
         }
     }
     if lost {

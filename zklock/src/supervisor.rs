@@ -80,7 +80,12 @@
 //! [`LEASE_CHECK`], so a suspend cannot stretch it. A healthy zklock never trips it: the deadline
 //! is about `0.58 T` ahead after each heartbeat and moves every `0.22 T`, while zklock sends it on
 //! within `T/20` — a renewal would have to be late by about `0.3 T`, and the hold itself is
-//! already `Lost` when a heartbeat is `0.25 T` late. The test: zklock SIGSTOPped, its command's
+//! already `Lost` when a heartbeat is `0.25 T` late. Except at a session's cold start: right
+//! after its first grant the deadline is only about `0.36 T` ahead until the first heartbeat
+//! moves it (`0.22 T` later), so a stop of about `0.15 T` then lets the lease run out although
+//! the answer that would have moved it may be waiting in zklock's socket. The supervisor kills
+//! anyway (it cannot know) and tells zklock ([`LEASE_LAPSED`]); zklock exits 76 like for a lost
+//! lock, giving the lock back if the hold survived — never the command's own 137. The test: zklock SIGSTOPped, its command's
 //! last sign of life precedes the next holder's command (`tests/cli.rs`,
 //! `a_frozen_zklock_has_its_command_stopped_before_the_next_holder_starts`).
 //!
@@ -161,6 +166,25 @@ pub fn send(control: &OwnedFd, message: &[u8]) {
     unsafe {
         libc::send(control.as_raw_fd(), message.as_ptr().cast(), message.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
     };
+}
+
+/// Message `[LEASE_LAPSED, 0]` from the supervisor to zklock: the lease ran out unrenewed and
+/// everything was killed (see *zklock's word*).
+pub const LEASE_LAPSED: u8 = b'L';
+
+/// Whether the supervisor, which has exited, said [`LEASE_LAPSED`] (read without waiting).
+pub fn lease_lapsed(control: &OwnedFd) -> bool {
+    let mut said = false;
+    let mut message = [0u8; 16];
+    loop {
+        // SAFETY: recv(2) writes at most `message.len()` bytes into `message`.
+        let n =
+            unsafe { libc::recv(control.as_raw_fd(), message.as_mut_ptr().cast(), message.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return said;
+        }
+        said |= message[0] == LEASE_LAPSED;
+    }
 }
 
 /// The length of a control message that starts with `kind`.
@@ -439,7 +463,7 @@ fn mount_own_proc() -> bool {
     // SAFETY: mount(2) with valid NUL-terminated strings and null data.
     unsafe {
         let root = c"/";
-        let proc = c"/proc";
+        let (proc, fstype) = (c"/proc", c"proc");
         libc::mount(
             std::ptr::null(),
             root.as_ptr(),
@@ -448,9 +472,9 @@ fn mount_own_proc() -> bool {
             std::ptr::null(),
         ) == 0
             && libc::mount(
+                fstype.as_ptr(),
                 proc.as_ptr(),
-                proc.as_ptr(),
-                proc.as_ptr(),
+                fstype.as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 std::ptr::null(),
             ) == 0
@@ -612,13 +636,14 @@ impl Supervisor {
             if lease_left.is_zero() && !matches!(self.phase, Phase::Killing(_)) {
                 // The lock may be lost from now on (*zklock's word*), and no grace is left before
                 // the server may expire the session: SIGKILL, whatever the phase.
-                if self.phase == Phase::Running {
+                if self.stop_asked {
+                    eprintln!("zklock: the lock's loss deadline came before --kill-after ended: SIGKILL now");
+                } else {
                     eprintln!(
                         "zklock: zklock did not renew the lock's lease by its loss deadline (stopped or starved); \
                          killing the command and everything it started"
                     );
-                } else if self.stop_asked {
-                    eprintln!("zklock: the lock's loss deadline came before --kill-after ended: SIGKILL now");
+                    send(&self.control, &[LEASE_LAPSED, 0]);
                 }
                 self.phase = Phase::Killing(now);
             }

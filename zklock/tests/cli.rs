@@ -1801,3 +1801,77 @@ async fn a_stopped_command_still_gets_the_forwarded_sigterm() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     wait_for_queue(&path, 0).await;
 }
+
+/// A brief stop of zklock just after the grant, while the session is cold and the hold's loss
+/// deadline only about 0.36 T ahead (review 21b): the supervisor kills the command at the
+/// deadline, and even when the hold survives (an answer waiting in the socket is read once zklock
+/// runs again) zklock says why and exits 76 — never the command's 137 as if it had died by
+/// itself — and gives the lock back at once (no node left for the session timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brief_stop_at_the_cold_start_is_reported_as_a_stop() {
+    let descendants = Descendants::new("cold-stop");
+    let beat = descendants.file("beat");
+    for (attempt, offset_ms) in [720u64, 750, 780, 810, 840].into_iter().enumerate() {
+        let path = unique_path("cold-stop");
+        let _ = std::fs::remove_file(&beat);
+        let mut child = zklock(&["run", "--session-timeout", "4s", &path, "--", "sh", "-c", &heartbeat_script(&beat)])
+            .await
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap() as libc::pid_t;
+        read_time(&beat, Duration::from_secs(20)).await;
+        tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if child.try_wait().unwrap().is_none() {
+            eprintln!("attempt {attempt}: the command survived the stop");
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            child.wait().await.unwrap();
+            wait_for_queue(&path, 0).await;
+            continue;
+        }
+        let status = child.wait().await.unwrap();
+        let ended_at = Instant::now();
+        let stderr = stderr_of(&mut child).await;
+        eprintln!("attempt {attempt}: zklock exited {status:?}: {stderr}");
+        assert_eq!(status.code(), Some(76), "a stopped command is reported as such: {stderr}");
+        if stderr.contains("could not renew the lock's lease") {
+            // The hold survived: given back before zklock exited.
+            assert_eq!(queue_len(&path).await, 0, "the lock was given back: {stderr}");
+        } else {
+            assert!(stderr.contains("lost"), "{stderr}");
+            wait_for_queue(&path, 0).await;
+        }
+        assert!(ended_at.elapsed() < Duration::from_secs(20));
+    }
+}
+
+/// `--containment pid-namespace` remounts `/proc` for the namespace where the system allows it
+/// (review 21b: the mount named the wrong filesystem type and always failed), so `$$` and
+/// `/proc/$$` agree inside; `--verbose` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pid_namespace_has_its_own_proc() {
+    let path = unique_path("own-proc");
+    let out =
+        run(&["run", "--containment", "pid-namespace", "--verbose", &path, "--", "sh", "-c", "cat /proc/$$/comm"])
+            .await;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("containment: PID namespace"), "{}", out.stderr);
+    // Where unshare(1) --mount-proc works, ours must too.
+    let unshare = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", "cat /proc/$$/comm"])
+        .output()
+        .expect("unshare(1) runs");
+    if unshare.status.success() {
+        assert_eq!(out.stdout.trim(), "sh", "/proc/$$ inside is the shell itself: {}", out.stderr);
+        assert!(!out.stderr.contains("/proc is the host's"), "{}", out.stderr);
+    } else {
+        assert!(out.stderr.contains("/proc is the host's"), "{}", out.stderr);
+    }
+}
