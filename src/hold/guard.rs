@@ -121,10 +121,13 @@ impl LockGuard {
     /// this way. The deadline counts time the machine spent suspended (on Linux): count the lease
     /// on a clock that does too (`CLOCK_BOOTTIME`) where the machine may sleep.
     ///
+    /// Read your clock *before* the call, so that the lease ends no later than the deadline:
+    ///
     /// ```no_run
     /// # async fn demo(guard: zk_recipes::LockGuard) {
+    /// let now = std::time::Instant::now();
     /// if let Some(left) = guard.certain_for() {
-    ///     let lease_until = std::time::Instant::now() + left;
+    ///     let lease_until = now + left;
     ///     // hand `lease_until` to the worker; renew it while the guard is held
     /// #   let _ = lease_until;
     /// }
