@@ -345,9 +345,7 @@ pub fn auto_containment_here() -> &'static str {
     unsafe {
         let child = libc::fork();
         if child == 0 {
-            let entered = libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0
-                || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0;
-            libc::_exit(if entered { 0 } else { 1 });
+            libc::_exit(if unshare_pid_namespace().is_some() { 0 } else { 1 });
         }
         if child > 0 {
             let mut status = 0;
@@ -386,6 +384,22 @@ enum Entered {
     Failed(u8),
 }
 
+/// `unshare` of a new PID and mount namespace for our children: as we are if we may (root), else
+/// through a new user namespace. `Some(through a user namespace)`, or `None` (errno says why).
+/// Async-signal-safe.
+fn unshare_pid_namespace() -> Option<bool> {
+    // SAFETY: unshare(2) has no memory effects.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+            Some(false)
+        } else if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
 /// Enters a new PID namespace (and a mount namespace, for a `/proc` of its own): as we are if we
 /// may (root), else through a new user namespace mapping our uid and gid to themselves. A PID
 /// namespace takes in the *children* of the process that entered it, so we fork: the child is
@@ -396,16 +410,10 @@ enum Entered {
 /// zklock and the supervisor together, as `pkill -f zklock` does, kills everything.
 fn enter_pid_namespace() -> Result<Entered, Unavailable> {
     let errno = || std::io::Error::last_os_error().to_string();
-    // SAFETY: getuid/getgid/unshare have no memory effects.
+    // SAFETY: getuid/getgid have no memory effects.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let user = unsafe {
-        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
-            false
-        } else if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
-            true
-        } else {
-            return Err(Unavailable(format!("unshare: {}", errno())));
-        }
+    let Some(user) = unshare_pid_namespace() else {
+        return Err(Unavailable(format!("unshare: {}", errno())));
     };
     if user {
         // Our own ids, mapped to themselves: the command runs as the same user. Once in the user

@@ -360,8 +360,8 @@ async fn a_stalled_connection_stops_the_command() {
         .spawn()
         .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-        assert_eq!(first.as_deref(), Some("started"));
+        let (first, _) = next_line(&mut lines, "zklock").await;
+        assert_eq!(first, "started");
         past_cold_start(t).await;
         proxy.stall();
         let stalled_at = Instant::now();
@@ -542,8 +542,8 @@ async fn a_signal_while_waiting_leaves_no_node() {
         let pid = running.id().unwrap();
         let mut running = running;
         let mut lines = BufReader::new(running.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-        assert_eq!(first.as_deref(), Some("started"));
+        let (first, _) = next_line(&mut lines, "zklock").await;
+        assert_eq!(first, "started");
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid as libc::pid_t, signal) };
         let status = tokio::time::timeout(Duration::from_secs(10), running.wait()).await.unwrap().unwrap();
@@ -565,16 +565,16 @@ async fn sigtstp_is_ignored() {
         .unwrap();
     let pid = child.id().unwrap() as libc::pid_t;
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(first.as_deref(), Some("started"));
+    let (first, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(first, "started");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(pid, libc::SIGTSTP) };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let state = stat.rfind(')').and_then(|at| stat[at + 1..].split_whitespace().next()).unwrap_or("?").to_owned();
     assert_ne!(state, "T", "zklock was stopped by SIGTSTP");
-    let done = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(done.as_deref(), Some("done"), "the command ran to its end");
+    let (done, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(done, "done", "the command ran to its end");
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
     let mut stderr = String::new();
     tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).await.unwrap();
@@ -849,8 +849,8 @@ async fn no_descendant_outlives_a_killed_zklock_in(containment: &str) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(line.as_deref(), Some("started"));
+    let (line, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(line, "started");
     let (grandchild_pid, grandchild_started, grandchild_session) = descendants.read("grandchild").await;
     let (setsid_pid, setsid_started, setsid_session) = descendants.read("setsid").await;
     assert_ne!(setsid_session, grandchild_session, "the great-grandchild left the command's session");
@@ -919,8 +919,8 @@ async fn a_lost_lock_or_the_commands_exit_stops_setsid_descendants_in(containmen
     .spawn()
     .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(line.as_deref(), Some("started"));
+    let (line, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(line, "started");
     let (pid, started, _) = descendants.read("daemon").await;
     // The next holder, queued on the server directly, says when its command started.
     let next_file = descendants.file("next");
@@ -1236,8 +1236,8 @@ async fn both_killed_in(containment: &str, named: &str) {
     .unwrap();
     let zklock_pid = first.id().unwrap() as libc::pid_t;
     let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(line.as_deref(), Some("started"));
+    let (line, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(line, "started");
     let mut errors = BufReader::new(first.stderr.take().unwrap()).lines();
     let said = tokio::time::timeout(Duration::from_secs(5), errors.next_line()).await.unwrap().unwrap();
     assert!(said.as_deref().is_some_and(|l| l.contains(named)), "--verbose said {said:?}");
@@ -1482,8 +1482,8 @@ async fn one_sigterm_per_loss(subcommand: &str, containment: &str) {
     .spawn()
     .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(line.as_deref(), Some("started"));
+    let (line, _) = next_line(&mut lines, "zklock").await;
+    assert_eq!(line, "started");
     past_cold_start(Duration::from_secs(4)).await;
     proxy.stall();
     let mut errors = BufReader::new(child.stderr.take().unwrap()).lines();
