@@ -186,6 +186,27 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// An argument a recipe cannot work with: a semaphore of no leases, an acquire of more leases
+    /// than the semaphore has (it would wait for ever), node data on a revocable lock (the data
+    /// carries the revocation request). Nothing was sent.
+    #[error("invalid argument for {path:?}: {reason}")]
+    InvalidArgument {
+        /// The lock path.
+        path: String,
+        /// What is wrong with the argument.
+        reason: String,
+    },
+
+    /// An [`InterProcessMultiLock`](crate::InterProcessMultiLock) acquire failed: every failure,
+    /// in the order they happened — the acquire that failed first, then any release of a lock it
+    /// had already taken that failed (those locks were released in reverse order of acquisition;
+    /// a failed release still ends in the background, as a dropped guard's).
+    #[error("multi-lock acquire failed: {}", describe_failures(.failures))]
+    MultiLock {
+        /// Each failure with the lock path it happened on.
+        failures: Vec<(String, Error)>,
+    },
+
     /// Any other error reported by ZooKeeper.
     #[error("ZooKeeper {op} on {path:?} failed: {source}")]
     ZooKeeper {
@@ -268,4 +289,9 @@ pub enum FencedWriteError {
         #[source]
         source: zk::Error,
     },
+}
+
+/// `path: error; path: error` for [`Error::MultiLock`].
+fn describe_failures(failures: &[(String, Error)]) -> String {
+    failures.iter().map(|(path, err)| format!("{path:?}: {err}")).collect::<Vec<_>>().join("; ")
 }

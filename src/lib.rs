@@ -24,6 +24,9 @@ pub use recipes::leader::{
 };
 pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
 pub use recipes::rw_lock::{InterProcessReadWriteLock, ReadWriteLockBuilder};
+pub use recipes::semaphore::{
+    InterProcessSemaphoreMutex, InterProcessSemaphoreV2, Lease, SemaphoreBuilder, SemaphoreMutexBuilder,
+};
 pub use session::acl::AclList;
 pub use session::client::{
     ConnectionState, ConnectionStateWatcher, ManagedClient, ManagedClientBuilder, RecipeClient, DEFAULT_CONNECT_TIMEOUT,

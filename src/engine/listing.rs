@@ -27,12 +27,15 @@ use crate::sync::lock;
 #[derive(Debug)]
 pub(crate) struct Listing {
     pub children: Vec<LockChild>,
+    /// How many children the directory had, foreign ones included (a semaphore counts them all).
+    pub all: usize,
     pub dir_stat: zk::Stat,
 }
 
 impl Listing {
     pub(crate) fn new(names: Vec<String>, dir_stat: zk::Stat, queue: Queue) -> Listing {
-        Listing { children: naming::sort_lock_children(names, queue), dir_stat }
+        let all = names.len();
+        Listing { children: naming::sort_lock_children(names, queue), all, dir_stat }
     }
 
     /// Index of `child` in queue order, if listed.

@@ -31,6 +31,7 @@
 //!    `NoNode` read, once.
 
 pub(crate) mod driver;
+pub(crate) mod leases;
 pub(crate) mod listing;
 pub(crate) mod naming;
 pub(crate) mod path;

@@ -54,6 +54,8 @@ use uuid::Uuid;
 pub(crate) const PROTECTED_PREFIX: &str = "_c_";
 /// The lock name Curator's `InterProcessMutex` uses.
 pub(crate) const MUTEX_LOCK_NAME: &str = "lock-";
+/// The name of a lease node of Curator's `InterProcessSemaphoreV2` (`<path>/leases/_c_<uuid>-lease-<seq>`).
+pub(crate) const LEASE_NAME: &str = "lease-";
 /// The lock name of kazoo's `Lock` (its nodes are `<hex uuid>__lock__<sequence>`).
 pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
 
@@ -64,6 +66,9 @@ pub(crate) type Queue = &'static [&'static str];
 /// A mutex's queue: Curator's and ours (kind 0), and kazoo's `Lock` (kind 1), which queues in the
 /// same directory with the same sequence counter.
 pub(crate) const MUTEX_QUEUE: Queue = &[MUTEX_LOCK_NAME, KAZOO_LOCK_NAME];
+
+/// The lease nodes of a semaphore's `leases` directory (a count, not a queue: every child counts).
+pub(crate) const LEASE_QUEUE: Queue = &[LEASE_NAME];
 
 /// The `_c_<uuid>-` part of a node name, unique to one acquire attempt.
 pub(crate) fn protection(guid: &Uuid) -> String {

@@ -135,6 +135,33 @@ impl<R> LockBuilder<R> {
         self
     }
 
+    /// The same options for another recipe on the child `name` of this path (a semaphore's
+    /// `locks` and `leases`), or on this very path with `name` empty.
+    pub(crate) fn child<T>(&self, name: &str) -> LockBuilder<T> {
+        let path = if name.is_empty() {
+            self.path.clone()
+        } else if self.path == "/" {
+            format!("/{name}")
+        } else {
+            format!("{}/{name}", self.path)
+        };
+        LockBuilder {
+            client: self.client.clone(),
+            path,
+            node_data: self.node_data.clone(),
+            acls: self.acls.clone(),
+            loss_policy: self.loss_policy,
+            max_request_bytes: self.max_request_bytes,
+            min_session_timeout: self.min_session_timeout,
+            recipe: PhantomData,
+        }
+    }
+
+    /// The path as given.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
     /// Validates the path and the sizes (see [`MutexBuilder::build`](crate::MutexBuilder::build))
     /// and makes the engine of a recipe whose longest lock name is `longest_lock_name`.
     pub(crate) fn internals(self, longest_lock_name: &str) -> Result<LockInternals> {

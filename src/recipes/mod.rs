@@ -7,9 +7,13 @@
 //!   `InterProcessReadWriteLock`): a read and a write lock on one queue.
 //! - [`leader`]: [`LeaderLatch`](leader::LeaderLatch) and [`LeaderSelector`](leader::LeaderSelector)
 //!   (Curator's): leader election, leadership being a hold of a lock.
+//! - [`semaphore`]: [`InterProcessSemaphoreV2`](semaphore::InterProcessSemaphoreV2) and
+//!   [`InterProcessSemaphoreMutex`](semaphore::InterProcessSemaphoreMutex) (Curator's): leases
+//!   counted in one directory, granted under an internal mutex.
 //! - [`builder`]: the options every lock recipe takes.
 
 pub(crate) mod builder;
 pub(crate) mod leader;
 pub(crate) mod mutex;
 pub(crate) mod rw_lock;
+pub(crate) mod semaphore;

@@ -155,6 +155,13 @@ impl LockBuilder<InterProcessMutex> {
         let internals = Arc::new(self.internals(MUTEX_LOCK_NAME)?);
         Ok(InterProcessMutex::of_kind(internals, Holds::new(RECIPE), &MUTEX_DRIVER, None))
     }
+
+    /// A mutex that is part of another recipe (a semaphore's internal lock), its metrics labelled
+    /// `recipe`.
+    pub(crate) fn build_internal(self, recipe: &'static str) -> Result<InterProcessMutex> {
+        let internals = Arc::new(self.internals(MUTEX_LOCK_NAME)?);
+        Ok(InterProcessMutex::of_kind(internals, Holds::new(recipe), &MUTEX_DRIVER, None))
+    }
 }
 
 /// One process in the lock's queue, as listed by [`InterProcessMutex::participants`].

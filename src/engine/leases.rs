@@ -1,0 +1,227 @@
+//! Leases: the part of Curator's `InterProcessSemaphoreV2` acquire that runs under its internal
+//! lock — create lease nodes in the `leases` directory, wait until it holds at most `max_leases`
+//! children, and hand the nodes to the session monitor as holds. The internal lock itself is the
+//! recipe's (`recipes/semaphore.rs`): an ordinary engine mutex on `<path>/locks`.
+//!
+//! # The lease bound
+//! > At no instant do more than `max_leases` lease nodes exist that were granted (by us or by
+//! > Curator) and are still held.
+//!
+//! The rule, Curator's: a lease node is granted once a listing of `leases`, taken *after* the
+//! node was created, shows at most `max_leases` children — every child, of any name.
+//!
+//! Proof. Suppose at some instant `t` a set `S` of `max_leases + 1` granted lease nodes exist.
+//! Take `x`, the member of `S` whose create came last in the ensemble's total order. Its grant
+//! rests on a listing `L` taken after its create, on its own session: the server answering `L`
+//! has applied `x`'s create (a session's requests are answered in order), so it has applied every
+//! create before it, among them those of all of `S`. None of them was deleted by then: each still
+//! exists at `t`, and `t` comes after `x`'s grant, so after `L`; a node deleted before `L` was
+//! served cannot exist at `t` (nodes are never re-created under the same name: sequence numbers
+//! and GUIDs are fresh). So `L` lists all of `S`: `max_leases + 1` children, and `x` was not
+//! granted. Contradiction. ∎
+//!
+//! The proof uses neither the internal lock nor the order of sequence numbers: the lock is for
+//! liveness (only its holder has a lease node that is not granted, so a waiting node never blocks
+//! another waiting node for ever) and for fairness (acquirers are served in the lock's order). A
+//! node created by an acquire that is not granted (a cancel, a timeout, an error) only makes
+//! others wait longer until it is deleted; it never lets anyone in.
+//!
+//! The bound is about nodes. A holder learns that its lease is gone — its session expired, its
+//! node deleted by someone else — through the session monitor, exactly as a lock holder does, so
+//! it is told before ZooKeeper can let another acquirer count one child fewer (`view.rs` and
+//! `session/monitor.rs` carry that argument; a lease node is watched like a lock node).
+//!
+//! # Waiting
+//! Only the holder of the internal lock waits here, with one children watch on `leases` — the one
+//! watcher of the semaphore, as in Curator — and lists again on each change. Every other acquirer
+//! waits in the internal lock's queue, each watching its own predecessor there.
+
+use std::sync::Arc;
+
+use tracing::{debug, Span};
+use uuid::Uuid;
+use zookeeper_client as zk;
+
+use super::{Grant, LockInternals, LockNode, OnSession, Wait, MAX_NODE_LOSSES};
+use crate::engine::driver::StandardDriver;
+use crate::engine::listing::Listing;
+use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
+use crate::error::{session_dead, Error, Result};
+use crate::session::cleanup::{retry_unknown, Cleanup, PendingNode};
+use crate::session::client::SessionContext;
+
+/// What a lease node's create needs of a driver: its name and listing queue.
+static LEASE_NODES: StandardDriver = StandardDriver { queue: LEASE_QUEUE, kind: 0, max_leases: 1 };
+
+/// The lease nodes of one attempt, each armed for deletion; dropped (an error, a cancel), they
+/// are deleted newest first.
+struct PendingLeases(Vec<(PendingNode, LockNode)>);
+
+impl Drop for PendingLeases {
+    fn drop(&mut self) {
+        while let Some(lease) = self.0.pop() {
+            drop(lease);
+        }
+    }
+}
+
+/// How a wait for the count ended.
+enum Count {
+    Granted,
+    /// One of our nodes is no longer listed: someone deleted it.
+    NodeGone,
+}
+
+impl LockInternals {
+    /// Creates `qty` lease nodes in this engine's directory (a semaphore's `leases`) on the
+    /// session of `context` — the session holding the semaphore's internal lock — and waits until
+    /// the directory has at most `max_leases` children; returns them as holds tracked by the
+    /// session monitor. Fails with [`Error::SessionLost`] if that session ends: the internal
+    /// lock went with it, and the caller starts again.
+    ///
+    /// Cancel safe: dropping the future at any point deletes every node it may have created.
+    pub(crate) async fn attempt_leases(
+        &self,
+        context: &Arc<SessionContext>,
+        qty: usize,
+        max_leases: usize,
+    ) -> Result<Vec<Grant>> {
+        let closed = || Error::Closed { path: self.dir.clone() };
+        if context.is_closed() {
+            return Err(closed());
+        }
+        let on_session = OnSession { lock: self, context };
+        // As in `attempt`: the close first, and a grant made while the client closes not returned.
+        let attempt = tokio::select! {
+            biased;
+            () = context.closed() => return Err(closed()),
+            result = on_session.attempt_leases(qty, max_leases) => result,
+        };
+        match attempt {
+            Ok(grants) if context.is_closed() => {
+                grants.into_iter().rev().for_each(Grant::give_back);
+                Err(closed())
+            },
+            Ok(grants) if context.client().state().is_terminated() => {
+                for grant in grants {
+                    grant.context.session.release(&grant.feed);
+                }
+                Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+            },
+            result => result,
+        }
+    }
+}
+
+impl OnSession<'_> {
+    async fn attempt_leases(&self, qty: usize, max_leases: usize) -> Result<Vec<Grant>> {
+        self.context.session.min_session_timeout(self.lock.min_session_timeout);
+        let _ticket = self.context.session.begin_acquire()?;
+        self.context.cleanup.remember_runtime();
+        let mut losses = 0;
+        loop {
+            let mut leases = PendingLeases(Vec::with_capacity(qty));
+            let mut listing = None;
+            for _ in 0..qty {
+                // A GUID per node, armed before its create is sent.
+                let protection = naming::protection(&Uuid::new_v4());
+                let mut pending =
+                    PendingNode::new(Cleanup::clone(&self.context.cleanup), &self.lock.dir, protection.clone());
+                let prefix = format!("{}/{}{}", self.lock.dir, protection, LEASE_NAME);
+                let (node, pipelined) = self.create(&prefix, &protection, &LEASE_NODES, &mut pending).await?;
+                if leases.0.is_empty() {
+                    Span::current().record("sequence", node.sequence);
+                }
+                leases.0.push((pending, node));
+                // Only the listing sent after the last create shows every node of ours.
+                listing = pipelined;
+            }
+            match self.wait_for_count(&leases.0, max_leases, listing).await? {
+                Count::Granted => return self.vouched_leases(leases).await,
+                Count::NodeGone => {
+                    losses += 1;
+                    debug!(dir = self.lock.dir, losses, "a lease node of ours was deleted while waiting");
+                    if losses >= MAX_NODE_LOSSES {
+                        return Err(Error::LockNodeDeleted { path: self.lock.dir.clone() });
+                    }
+                    // Dropped: what is left of them is deleted; then new nodes, at the end.
+                    for (pending, _) in &mut leases.0 {
+                        pending.abandon_node();
+                    }
+                },
+            }
+        }
+    }
+
+    /// Waits until a listing taken after our creates shows all of `ours` and at most `max_leases`
+    /// children (the rule of the module docs). `pipelined` is the listing sent right behind our
+    /// last create, if it came.
+    async fn wait_for_count(
+        &self,
+        ours: &[(PendingNode, LockNode)],
+        max_leases: usize,
+        pipelined: Option<Arc<Listing>>,
+    ) -> Result<Count> {
+        let name_of = |node: &LockNode| node.path[self.lock.dir.len() + 1..].to_owned();
+        if let Some(listing) = pipelined {
+            let listed = ours.iter().all(|(_, node)| {
+                let child = naming::LockChild { name: name_of(node), sequence: node.sequence, kind: 0 };
+                listing.position(&child).is_some()
+            });
+            // Not listed: a reply from another connection, maybe; the watched listing decides.
+            if listed && listing.all <= max_leases {
+                return Ok(Count::Granted);
+            }
+        }
+        let client = self.context.client();
+        let dir = &self.lock.dir;
+        loop {
+            let (names, watcher) = match retry_unknown(|| client.list_and_watch_children(dir)).await {
+                Ok(listed) => listed,
+                // The directory is gone, and our nodes with it.
+                Err(zk::Error::NoNode) => return Ok(Count::NodeGone),
+                Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
+                Err(zk::Error::NoAuth) => return Err(Error::NoAuth { op: "list", path: dir.clone() }),
+                Err(err) => return Err(Error::zk("list", dir, err)),
+            };
+            if !ours.iter().all(|(_, node)| names.iter().any(|name| *name == node.path[dir.len() + 1..])) {
+                return Ok(Count::NodeGone);
+            }
+            if names.len() <= max_leases {
+                // The watcher is dropped: the client asks the server to remove it.
+                return Ok(Count::Granted);
+            }
+            debug!(dir, children = names.len(), max_leases, "waiting for leases to be returned");
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
+                return Err(self.session_lost(event.session_state.to_string()));
+            }
+            // Anything else (a child added or deleted, a reconnection): list again.
+        }
+    }
+
+    /// Our granted lease nodes as holds, once the session monitor vouches for the session (see
+    /// `vouched_hold`).
+    async fn vouched_leases(&self, mut leases: PendingLeases) -> Result<Vec<Grant>> {
+        let mut grants: Vec<Grant> = Vec::with_capacity(leases.0.len());
+        for (_, node) in &leases.0 {
+            match self.vouched_hold(node, None, Wait::Forever).await {
+                Ok(Some(feed)) => {
+                    grants.push(Grant { node: node.clone(), feed, context: self.context.clone(), handoff: false })
+                },
+                // (`None` comes only with `Wait::No`.)
+                failed => {
+                    // Not returned: untracked; the pending nodes delete every node.
+                    for grant in grants {
+                        self.context.session.release(&grant.feed);
+                    }
+                    return Err(failed.err().unwrap_or_else(|| self.session_lost("not vouched for".to_owned())));
+                },
+            }
+        }
+        for (pending, _) in std::mem::take(&mut leases.0) {
+            pending.disarm();
+        }
+        Ok(grants)
+    }
+}
