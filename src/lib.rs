@@ -22,7 +22,9 @@ pub use recipes::builder::{LockBuilder, DEFAULT_MAX_REQUEST_BYTES};
 pub use recipes::leader::{
     LatchEvent, LatchEvents, LeaderLatch, LeaderLatchBuilder, LeaderSelector, LeaderSelectorBuilder,
 };
+pub use recipes::multi_lock::{HeldLock, InterProcessMultiLock, MultiLockGuard, MultiLockMember};
 pub use recipes::mutex::{InterProcessMutex, MutexBuilder, Participant};
+pub use recipes::revoker::Revoker;
 pub use recipes::rw_lock::{InterProcessReadWriteLock, ReadWriteLockBuilder};
 pub use recipes::semaphore::{
     InterProcessSemaphoreMutex, InterProcessSemaphoreV2, Lease, SemaphoreBuilder, SemaphoreMutexBuilder,

@@ -206,9 +206,13 @@ impl OnSession<'_> {
         let mut grants: Vec<Grant> = Vec::with_capacity(leases.0.len());
         for (_, node) in &leases.0 {
             match self.vouched_hold(node, None, Wait::Forever).await {
-                Ok(Some(feed)) => {
-                    grants.push(Grant { node: node.clone(), feed, context: self.context.clone(), handoff: false })
-                },
+                Ok(Some(feed)) => grants.push(Grant {
+                    node: node.clone(),
+                    feed,
+                    context: self.context.clone(),
+                    handoff: false,
+                    revocable: self.lock.revocable,
+                }),
                 // (`None` comes only with `Wait::No`.)
                 failed => {
                     // Not returned: untracked; the pending nodes delete every node.

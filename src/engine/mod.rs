@@ -107,6 +107,8 @@ pub(crate) struct Grant {
     pub context: Arc<SessionContext>,
     /// Granted after waiting for a predecessor (a handoff), not at once.
     pub handoff: bool,
+    /// The node was created revocable (empty data; a revocation request is written as its data).
+    pub revocable: bool,
 }
 
 impl Grant {
@@ -147,6 +149,8 @@ pub(crate) struct LockInternals {
     /// The smallest session timeout any server may negotiate, if the application stated one
     /// (`session/monitor.rs`, *Which T*).
     min_session_timeout: Option<Duration>,
+    /// Nodes are created revocable (Curator's revocation: see `LockGuard::revoke_requested`).
+    revocable: bool,
 }
 
 impl LockInternals {
@@ -158,7 +162,13 @@ impl LockInternals {
         loss_policy: LossPolicy,
         min_session_timeout: Option<Duration>,
     ) -> LockInternals {
-        LockInternals { client, dir, node_data, acls, loss_policy, min_session_timeout }
+        LockInternals { client, dir, node_data, acls, loss_policy, min_session_timeout, revocable: false }
+    }
+
+    /// The same engine, its nodes revocable or not.
+    pub(crate) fn revocable(mut self, revocable: bool) -> LockInternals {
+        self.revocable = revocable;
+        self
     }
 
     pub(crate) fn dir(&self) -> &str {
@@ -339,7 +349,13 @@ impl OnSession<'_> {
                         return Ok(None);
                     };
                     pending.disarm();
-                    return Ok(Some(Grant { node, feed, context: self.context.clone(), handoff }));
+                    return Ok(Some(Grant {
+                        node,
+                        feed,
+                        context: self.context.clone(),
+                        handoff,
+                        revocable: self.lock.revocable,
+                    }));
                 },
                 Turn::NotNow => {
                     pending.delete_now().await?;
@@ -455,7 +471,7 @@ impl OnSession<'_> {
             return Ok(None);
         };
         pending.disarm();
-        Ok(Some(Grant { node, feed, context: self.context.clone(), handoff: false }))
+        Ok(Some(Grant { node, feed, context: self.context.clone(), handoff: false, revocable: self.lock.revocable }))
     }
 
     /// Sends `multi(check anchor exists, create path EPHEMERAL)` until its outcome is known;

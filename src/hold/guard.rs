@@ -7,7 +7,40 @@ use crate::engine::Grant;
 use crate::error::Result;
 use crate::hold::fenced::FencedWriter;
 use crate::hold::holds::{confirm, Hold, Holds};
+use crate::session::cleanup::Backoff;
 use crate::state::{LockState, LossReason};
+
+/// What a revocation request writes as the lock node's data (Curator's
+/// `LockInternals.REVOKE_MESSAGE`).
+pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+
+/// Resolves once `hold`'s node's data is [`REVOKE_MESSAGE`]; never if the node is gone or its
+/// session dead (the hold is lost then, which its loss signal tells).
+async fn revoke_requested(hold: &Hold) {
+    let client = hold.context.client();
+    let path = &*hold.node.path;
+    let mut backoff = Backoff::new();
+    loop {
+        match client.get_and_watch_data(path).await {
+            Ok((data, _, watcher)) => {
+                if data == REVOKE_MESSAGE {
+                    return;
+                }
+                // Its data changed, it was deleted, or the session ended: read again.
+                let event = watcher.changed().await;
+                if event.event_type == zookeeper_client::EventType::Session && event.session_state.is_terminated() {
+                    return std::future::pending().await;
+                }
+            },
+            Err(zookeeper_client::Error::NoNode) => return std::future::pending().await,
+            Err(err) if crate::error::session_dead(&err) => return std::future::pending().await,
+            Err(err) => {
+                tracing::debug!(path, %err, "reading the lock node for a revocation request; retrying");
+                backoff.wait().await;
+            },
+        }
+    }
+}
 
 /// A token that orders holders of a lock: the `czxid` (creation transaction id) of the holder's
 /// lock node.
@@ -182,6 +215,25 @@ impl LockGuard {
     /// ```
     pub fn loss_signal(&self) -> LossSignal {
         LossSignal { hold: self.hold.clone() }
+    }
+
+    /// Resolves once someone asks for this lock back: the hold's node's data became
+    /// `__REVOKE__`, written by [`Revoker::attempt_revoke`](crate::Revoker::attempt_revoke) or by
+    /// Curator's `Revoker` (a request made before this call counts too). Only for a lock built
+    /// with [`revocable(true)`](crate::LockBuilder::revocable); for any other it never resolves,
+    /// nor once the hold's node is gone (then [`lost`](Self::lost) tells).
+    ///
+    /// Revocation is advisory, as in Curator: nothing is released by the request; the holder
+    /// decides whether and when to [`release`](Self::release).
+    ///
+    /// Cancel safe; takes `&self`, so it can be awaited again after a timeout, and by several
+    /// tasks (each sets a data watch on the node while it waits).
+    pub async fn revoke_requested(&self) {
+        if self.hold.revocable {
+            revoke_requested(&self.hold).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// A ZooKeeper transaction fenced by this lock: its first operation checks that our lock

@@ -42,6 +42,8 @@ pub(crate) struct Hold {
     downgraded_from: Option<Arc<Hold>>,
     /// Who acquired the hold (the task, or the thread outside any task).
     acquired_by: Owner,
+    /// Its node was created revocable.
+    pub(crate) revocable: bool,
     /// The recipe's metrics label.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     recipe: &'static str,
@@ -217,7 +219,7 @@ impl Holds {
     /// A new hold from a grant, counting its first guard, acquired by the current task (or
     /// thread); `downgraded_from` is the write hold a downgraded read comes from.
     pub(crate) fn register(&self, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> Arc<Hold> {
-        let Grant { node, feed, context, handoff } = grant;
+        let Grant { node, feed, context, handoff, revocable } = grant;
         metrics::granted(self.recipe);
         if handoff {
             metrics::handoff(self.recipe);
@@ -229,6 +231,7 @@ impl Holds {
             context,
             downgraded_from,
             acquired_by: Owner::current(),
+            revocable,
             recipe: self.recipe,
             life: Mutex::new(Life { guards: 1, ..Life::default() }),
             #[cfg(feature = "metrics")]

@@ -25,6 +25,7 @@ pub struct LockBuilder<R> {
     loss_policy: LossPolicy,
     max_request_bytes: usize,
     min_session_timeout: Option<Duration>,
+    revocable: bool,
     recipe: PhantomData<fn() -> R>,
 }
 
@@ -38,6 +39,7 @@ impl<R> Clone for LockBuilder<R> {
             loss_policy: self.loss_policy,
             max_request_bytes: self.max_request_bytes,
             min_session_timeout: self.min_session_timeout,
+            revocable: self.revocable,
             recipe: PhantomData,
         }
     }
@@ -53,6 +55,7 @@ impl<R> std::fmt::Debug for LockBuilder<R> {
             .field("loss_policy", &self.loss_policy)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("min_session_timeout", &self.min_session_timeout)
+            .field("revocable", &self.revocable)
             .finish()
     }
 }
@@ -83,6 +86,7 @@ impl<R> LockBuilder<R> {
             loss_policy: LossPolicy::default(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             min_session_timeout: None,
+            revocable: false,
             recipe: PhantomData,
         }
     }
@@ -153,6 +157,7 @@ impl<R> LockBuilder<R> {
             loss_policy: self.loss_policy,
             max_request_bytes: self.max_request_bytes,
             min_session_timeout: self.min_session_timeout,
+            revocable: self.revocable,
             recipe: PhantomData,
         }
     }
@@ -162,10 +167,29 @@ impl<R> LockBuilder<R> {
         &self.path
     }
 
+    /// Makes the lock's nodes revocable (Curator's `makeRevocable`): a holder can then learn,
+    /// through [`LockGuard::revoke_requested`](crate::LockGuard::revoke_requested), that someone
+    /// asked for the lock with [`Revoker::attempt_revoke`](crate::Revoker::attempt_revoke) (or
+    /// Curator's `Revoker`), which writes the bytes `__REVOKE__` as the node's data. Revocation
+    /// is advisory, as in Curator: the holder decides whether and when to release.
+    ///
+    /// Revocable nodes are created with empty data, so [`node_data`](Self::node_data) cannot be
+    /// combined with it (`build` fails with [`Error::InvalidArgument`]).
+    pub fn revocable(mut self, revocable: bool) -> LockBuilder<R> {
+        self.revocable = revocable;
+        self
+    }
+
     /// Validates the path and the sizes (see [`MutexBuilder::build`](crate::MutexBuilder::build))
     /// and makes the engine of a recipe whose longest lock name is `longest_lock_name`.
     pub(crate) fn internals(self, longest_lock_name: &str) -> Result<LockInternals> {
         validate_syntax(&self.path)?;
+        if self.revocable && !self.node_data.is_empty() {
+            return Err(Error::InvalidArgument {
+                path: self.path,
+                reason: "a revocable lock's nodes carry no data (a revocation request is written as their data): drop node_data or revocable".into(),
+            });
+        }
         // The client prepends its chroot to every path it sends (`path()` is "/" without one).
         let chroot = match self.client.context().client().path() {
             "/" => String::new(),
@@ -197,6 +221,8 @@ impl<R> LockBuilder<R> {
         if path_size + self.node_data.len() > limit {
             return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
         }
-        Ok(LockInternals::new(self.client, self.path, self.node_data, acls, self.loss_policy, self.min_session_timeout))
+        let revocable = self.revocable;
+        Ok(LockInternals::new(self.client, self.path, self.node_data, acls, self.loss_policy, self.min_session_timeout)
+            .revocable(revocable))
     }
 }

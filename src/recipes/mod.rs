@@ -10,10 +10,16 @@
 //! - [`semaphore`]: [`InterProcessSemaphoreV2`](semaphore::InterProcessSemaphoreV2) and
 //!   [`InterProcessSemaphoreMutex`](semaphore::InterProcessSemaphoreMutex) (Curator's): leases
 //!   counted in one directory, granted under an internal mutex.
+//! - [`multi_lock`]: [`InterProcessMultiLock`](multi_lock::InterProcessMultiLock) (Curator's):
+//!   several locks, all or none.
+//! - [`revoker`]: [`Revoker`](revoker::Revoker) (Curator's): asks a revocable lock's holder to
+//!   release it.
 //! - [`builder`]: the options every lock recipe takes.
 
 pub(crate) mod builder;
 pub(crate) mod leader;
+pub(crate) mod multi_lock;
 pub(crate) mod mutex;
+pub(crate) mod revoker;
 pub(crate) mod rw_lock;
 pub(crate) mod semaphore;
