@@ -262,6 +262,42 @@ impl Holder {
         Holder::spawn(&format!("Curator {mode}"), "java", &args)
     }
 
+    /// Curator's lock family on `path` (`tests/interop/CuratorSemaphoreHolder.java`): `mode`
+    /// `semaphore` (an `InterProcessSemaphoreV2` of `max` leases) or `mutex` (an
+    /// `InterProcessSemaphoreMutex`) for `rounds` rounds, each waiting up to `wait` and holding
+    /// for `hold` (`None`: until a line on its input), appending `enter`/`exit` events to the
+    /// shared `log` (a path, or `-` for none); `revocable` (a revocable `InterProcessMutex`) or
+    /// `revoke` (Curator's `Revoker` on the lock node `path`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn curator_family(
+        connect: &str,
+        path: &str,
+        mode: &str,
+        max: usize,
+        wait: Duration,
+        hold: Option<Duration>,
+        rounds: usize,
+        log: &str,
+    ) -> Holder {
+        let jars = CURATOR_JARS.join(":");
+        let hold = hold.map_or_else(|| "-1".to_owned(), millis);
+        let (max, wait, rounds) = (max.to_string(), millis(wait), rounds.to_string());
+        let args = [
+            "-cp",
+            &jars,
+            &source("CuratorSemaphoreHolder.java"),
+            connect,
+            path,
+            mode,
+            &max,
+            &wait,
+            &hold,
+            &rounds,
+            log,
+        ];
+        Holder::spawn(&format!("Curator {mode}"), "java", &args)
+    }
+
     /// kazoo's `Lock` on `path` (`tests/interop/kazoo_holder.py`): waits up to `wait`, holds for
     /// `hold`.
     pub fn kazoo(connect: &str, path: &str, wait: Duration, hold: Duration, patterns: KazooPatterns) -> Holder {
