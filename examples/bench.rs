@@ -1,4 +1,5 @@
-//! Benchmark of `InterProcessMutex` (W1–W4) and `InterProcessReadWriteLock` (W5, W6) with the workloads of `../shared/bench-peers` (same sizes,
+//! Benchmark of `InterProcessMutex` (W1–W4), `InterProcessReadWriteLock` (W5, W6) and
+//! `InterProcessSemaphoreV2` (W7) with the workloads of `../shared/bench-peers` (same sizes,
 //! same environment knobs, same JSON line per workload), so it can run side by side with Curator,
 //! kazoo and `zookeeper-client`'s own lock on one server:
 //!
@@ -7,10 +8,11 @@
 //! target/release/examples/bench 127.0.0.1:2181 W1,W2,W3,W4,W5,W6
 //! PROJECT_BENCH="$PWD/target/release/examples/bench" ../shared/bench-peers/run_all.sh
 //! PROJECT_BENCH="$PWD/target/release/examples/bench" WORKLOADS=W5,W6 ../shared/bench-peers/run_all.sh
+//! PROJECT_BENCH="$PWD/target/release/examples/bench" WORKLOADS=W7 ../shared/bench-peers/run_all.sh
 //! ```
 //!
 //! Release is dropping the guard (the delete is sent before `drop` returns and confirmed in the
-//! background), as in the `zkc` peer; W1 and W3 are also run with `release().await`
+//! background), as in the `zkc` peer; W1, W3 and W7 are also run with `release().await`
 //! (`zk-recipes-await`). W1 reports the requests per cycle counted by the server (`mntr`
 //! `zk_packets_received`, pings included).
 
@@ -585,11 +587,124 @@ async fn w6(addr: &str, base: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Children of each of `dirs` (0 for a directory that does not exist).
+async fn count_children(client: &zk::Client, dirs: &[String]) -> Result<usize, BoxError> {
+    let mut n = 0;
+    for dir in dirs {
+        match client.list_children(dir).await {
+            Ok(children) => n += children.len(),
+            Err(zk::Error::NoNode) => {},
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(n)
+}
+
+/// W7: a lease pool — sessions looping acquire 1 lease → hold 2 ms → return, on one
+/// `InterProcessSemaphoreV2` of 3 leases (Curator's layout). `await_release`: the lease is
+/// returned with `release().await` (as Curator's `lease.close()`), else dropped.
+async fn w7(addr: &str, base: &str, imp: &'static str, await_release: bool) -> Result<(), BoxError> {
+    let n = env("W7_CLIENTS", 8) as usize;
+    let max_leases = env("W7_MAX_LEASES", 3) as usize;
+    let (warm, run) = (env("W7_WARMUP_SECS", 1), env("W7_SECS", 10));
+    let hold = Duration::from_millis(env("W7_HOLD_MS", 2));
+    let path = format!("{base}/W7/{imp}/sem");
+    let node_dirs = [format!("{path}/leases"), format!("{path}/locks")];
+    let clients = connect_n(addr, n).await?;
+    // The sessions and the clock start together.
+    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let (holders, peak, violations) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (measuring, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut tasks = Vec::new();
+    for client in &clients {
+        let semaphore = zk_recipes::InterProcessSemaphoreV2::new(client.clone(), path.as_str(), max_leases)?;
+        let (barrier, holders, peak, violations, measuring, stop) =
+            (barrier.clone(), holders.clone(), peak.clone(), violations.clone(), measuring.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            barrier.wait().await;
+            while !stop.load(SeqCst) {
+                let s = now_ns();
+                let lease = semaphore.acquire().await?;
+                let t1 = now_ns();
+                // The grant's time decides the window.
+                let counted = measuring.load(SeqCst);
+                let h = holders.fetch_add(1, SeqCst) + 1;
+                if h > max_leases as u64 {
+                    violations.fetch_add(1, SeqCst);
+                }
+                peak.fetch_max(h, SeqCst);
+                tokio::time::sleep(hold).await;
+                holders.fetch_sub(1, SeqCst);
+                if counted {
+                    lat.push(t1 - s);
+                }
+                if await_release {
+                    lease.release().await?;
+                } else {
+                    drop(lease);
+                }
+            }
+            Ok::<_, BoxError>(lat)
+        }));
+    }
+    barrier.wait().await;
+    tokio::time::sleep(Duration::from_secs(warm)).await;
+    measuring.store(true, SeqCst);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(run)).await;
+    measuring.store(false, SeqCst);
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, SeqCst);
+    let (mut per, mut lat) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let l = task.await??;
+        per.push(l.len() as u64);
+        lat.extend(l);
+    }
+    // Every lease returned, the sessions still open: what is left was orphaned. A dropped lease's
+    // delete is confirmed in the background: give those a moment.
+    let mut leftover_open = count_children(&clients[0], &node_dirs).await?;
+    let settle = Instant::now();
+    while leftover_open > 0 && settle.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        leftover_open = count_children(&clients[0], &node_dirs).await?;
+    }
+    drop(clients);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let check = connect(addr).await?;
+    let leftover = count_children(&check, &node_dirs).await?;
+    drop(check);
+    let peak = peak.load(SeqCst);
+    let release = if await_release { "release().await" } else { "drop(lease)" };
+    emit(Report {
+        imp,
+        workload: "W7",
+        ops: per.iter().sum(),
+        secs,
+        lat_ns: lat,
+        lat_kind: "acquire",
+        violations: violations.load(SeqCst),
+        clients: n,
+        per_client: Some(per),
+        notes: format!(
+            "{n} sessions on one InterProcessSemaphoreV2, max leases {max_leases}, each lease held {} ms; {warm}s warm-up then {run}s; ops_per_s=leases/s; peak holders {peak} (in-process counter); leftover lease+lock nodes open/closed={leftover_open}/{leftover}; release={release}",
+            hold.as_millis()
+        ),
+        extra: format!(
+            ",\"max_leases\":{max_leases},\"hold_ms\":{},\"peak_holders\":{peak},\"leftover_open\":{leftover_open},\"leftover_nodes\":{leftover}",
+            hold.as_millis()
+        ),
+    });
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
     let Some(addr) = args.get(1) else {
-        eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4,W5,W6]", args[0]);
+        eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4,W5,W6,W7]", args[0]);
         std::process::exit(2);
     };
     let workloads = args.get(2).cloned().unwrap_or_else(|| "W1,W2,W3,W4".into());
@@ -614,6 +729,10 @@ async fn main() -> Result<(), BoxError> {
             "W4" => w4(addr, &base).await?,
             "W5" => w5(addr, &base).await?,
             "W6" => w6(addr, &base).await?,
+            "W7" => {
+                w7(addr, &base, "zk-recipes", false).await?;
+                w7(addr, &base, "zk-recipes-await", true).await?;
+            },
             other => return Err(format!("unknown workload {other}").into()),
         }
     }

@@ -4,6 +4,8 @@
 //! the ensemble), `InterProcessSemaphoreMutex` both ways, revocation both ways, and a lease holder
 //! of ours told it lost its lease before a queued Curator acquirer gets it.
 //!
+//! kazoo's `Semaphore` uses another layout: a test shows what happens when it is pointed at our path.
+//!
 //! Needs `java` and Debian's Curator jars: without them the tests say so and pass, unless
 //! `REQUIRE_CURATOR=1` (CI), when they fail.
 
@@ -13,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::interop::{curator_available, Holder};
+use common::interop::{curator_available, kazoo_available, Holder};
 use common::*;
 use zk_recipes::{
     InterProcessMutex, InterProcessSemaphoreMutex, InterProcessSemaphoreV2, LockState, LossReason, Revoker,
@@ -260,4 +262,48 @@ async fn our_lease_holder_is_told_before_a_curator_waiter_gets_the_lease() {
     curator.finish().await;
     proxy.pass();
     drop(lease);
+}
+
+/// kazoo 2.8's `Semaphore` cannot share a path with ours (or Curator's): it counts every child of
+/// `<path>` — our `locks` and `leases` directories included — and queues on `<path>-__lock__`, so
+/// it neither sees our leases nor is seen: with max 3 it is granted beside our holder of a
+/// semaphore of 1 (two holders); with max 2 it waits while anyone queues on ours (our two
+/// directories fill it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_semaphore_does_not_see_our_leases() {
+    if !kazoo_available() {
+        return;
+    }
+    let connect = zookeeper().await.connect_string();
+    let path = unique_path("sem-kazoo");
+    let client = client().await;
+    let ours = InterProcessSemaphoreV2::new(client.clone(), &path, 1).unwrap();
+    let lease = ours.acquire().await.unwrap();
+    // Max 3: kazoo counts 2 children (our directories) and takes a lease of its own.
+    let mut kazoo = Holder::kazoo_semaphore(connect, &path, 3, Duration::from_secs(10));
+    kazoo.expect("ACQUIRED").await;
+    let line = kazoo.next().await;
+    let names: Vec<&str> = line.strip_prefix("CHILDREN ").expect("children").split(',').collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.contains(&"leases") && names.contains(&"locks"), "{names:?}");
+    // Our semaphore of 1 is still held by us, and sees nothing of kazoo's lease.
+    assert_eq!(lease.state(), LockState::Held);
+    assert_eq!(ours.participant_nodes().await.unwrap(), vec![lease.node_path().to_owned()]);
+    kazoo.finish().await;
+    // Max 2, while an acquirer of ours waits (holding the internal lock, so `locks` is not empty
+    // and the server keeps it): our two directories alone fill it.
+    let waiter = tokio::spawn({
+        let ours = ours.clone();
+        async move { ours.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(10), "our acquirer waits", || async {
+        children(&client, &format!("{path}/leases")).await.len() == 2
+    })
+    .await;
+    let mut kazoo = Holder::kazoo_semaphore(connect, &path, 2, Duration::from_millis(1500));
+    kazoo.expect("TIMEOUT").await;
+    kazoo.next().await;
+    kazoo.finish().await;
+    lease.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap().release().await.unwrap();
 }

@@ -311,6 +311,15 @@ impl Holder {
         Holder::spawn("kazoo", PYTHON, &args)
     }
 
+    /// kazoo's `Semaphore` on `path` with `max_leases` (`tests/interop/kazoo_semaphore.py`): prints
+    /// `ACQUIRED` or `TIMEOUT` (after `timeout`), then `CHILDREN <names>` (the children of `path`),
+    /// and releases.
+    pub fn kazoo_semaphore(connect: &str, path: &str, max_leases: usize, timeout: Duration) -> Holder {
+        let script = source("kazoo_semaphore.py");
+        let (max, timeout) = (max_leases.to_string(), format!("{:.3}", timeout.as_secs_f64()));
+        Holder::spawn("kazoo Semaphore", PYTHON, &["-u", &script, connect, path, &max, &timeout])
+    }
+
     fn spawn(what: &str, program: &str, args: &[&str]) -> Holder {
         let mut child = Command::new(program)
             .args(args)
