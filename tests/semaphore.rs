@@ -296,3 +296,50 @@ async fn semaphore_mutex_is_not_reentrant_and_released_by_any_task() {
 async fn super_client() -> zk::Client {
     client().await
 }
+
+/// The internal lock's node of a waiting acquirer is deleted by someone else: another acquirer
+/// then takes the internal lock and waits in the pool too. Each counts the other's lease node, so
+/// with one lease both would wait for ever once the holder returns it; the first one sees its lock
+/// node go, gives up its lease node and queues again, and both are granted in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_internal_lock_node_is_deleted_queues_again() {
+    let path = unique_path("sem-lock-deleted");
+    let (h, a, b, admin) = (client().await, client().await, client().await, client().await);
+    let holder = InterProcessSemaphoreV2::new(h.clone(), &path, 1).unwrap();
+    let lease = holder.acquire().await.unwrap();
+    let first = tokio::spawn({
+        let s = InterProcessSemaphoreV2::new(a.clone(), &path, 1).unwrap();
+        async move { s.acquire().await.unwrap() }
+    });
+    let locks = format!("{path}/locks");
+    eventually(Duration::from_secs(10), "the first waiter holds the internal lock and waits", || async {
+        children(&admin, &format!("{path}/leases")).await.len() == 2 && children(&admin, &locks).await.len() == 1
+    })
+    .await;
+    let lock_node = children(&admin, &locks).await.remove(0);
+    admin.delete(&format!("{locks}/{lock_node}"), None).await.unwrap();
+    let second = tokio::spawn({
+        let s = InterProcessSemaphoreV2::new(b.clone(), &path, 1).unwrap();
+        async move { s.acquire().await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lease.release().await.unwrap();
+    // Both are granted, one after the other.
+    let (mut first, mut second) = (Some(first), Some(second));
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                for task in [&mut first, &mut second] {
+                    if task.as_ref().is_some_and(|t| t.is_finished()) {
+                        return task.take().unwrap().await.unwrap();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("granted: no two waiters stuck in the pool");
+        next.release().await.unwrap();
+    }
+    assert_semaphore_empty_while_open(&admin, &path, &[h.clone(), a.clone(), b.clone()]).await;
+}

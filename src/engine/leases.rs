@@ -49,6 +49,8 @@ use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
 use crate::error::{session_dead, Error, Result};
 use crate::session::cleanup::{retry_unknown, Cleanup, PendingNode};
 use crate::session::client::SessionContext;
+use crate::session::watch::{NodeWatch, Watched};
+use crate::state::LossReason;
 
 /// What a lease node's create needs of a driver: its name and listing queue.
 static LEASE_NODES: StandardDriver = StandardDriver { queue: LEASE_QUEUE, kind: 0, max_leases: 1 };
@@ -70,14 +72,18 @@ enum Count {
     Granted,
     /// One of our nodes is no longer listed: someone deleted it.
     NodeGone,
+    /// The node of the internal lock we wait under is gone.
+    LockGone,
 }
 
 impl LockInternals {
     /// Creates `qty` lease nodes in this engine's directory (a semaphore's `leases`) on the
-    /// session of `context` — the session holding the semaphore's internal lock — and waits until
-    /// the directory has at most `max_leases` children; returns them as holds tracked by the
-    /// session monitor. Fails with [`Error::SessionLost`] if that session ends: the internal
-    /// lock went with it, and the caller starts again.
+    /// session of `context` — the session holding the semaphore's internal lock, whose node is
+    /// `lock_node` — and waits until the directory has at most `max_leases` children; returns them
+    /// as holds tracked by the session monitor. Fails with [`Error::SessionLost`] if that session
+    /// ends, and with [`Error::LockLost`] if the internal lock's node is deleted while we wait
+    /// (then another acquirer may hold it and wait beside us, each counting the other's lease
+    /// node: the caller deletes ours and queues again). Either way the caller starts again.
     ///
     /// Cancel safe: dropping the future at any point deletes every node it may have created.
     pub(crate) async fn attempt_leases(
@@ -85,6 +91,7 @@ impl LockInternals {
         context: &Arc<SessionContext>,
         qty: usize,
         max_leases: usize,
+        lock_node: &Arc<str>,
     ) -> Result<Vec<Grant>> {
         let closed = || Error::Closed { path: self.dir.clone() };
         if context.is_closed() {
@@ -95,7 +102,7 @@ impl LockInternals {
         let attempt = tokio::select! {
             biased;
             () = context.closed() => return Err(closed()),
-            result = on_session.attempt_leases(qty, max_leases) => result,
+            result = on_session.attempt_leases(qty, max_leases, lock_node) => result,
         };
         match attempt {
             Ok(grants) if context.is_closed() => {
@@ -114,7 +121,7 @@ impl LockInternals {
 }
 
 impl OnSession<'_> {
-    async fn attempt_leases(&self, qty: usize, max_leases: usize) -> Result<Vec<Grant>> {
+    async fn attempt_leases(&self, qty: usize, max_leases: usize, lock_node: &Arc<str>) -> Result<Vec<Grant>> {
         self.context.session.min_session_timeout(self.lock.min_session_timeout);
         let _ticket = self.context.session.begin_acquire()?;
         self.context.cleanup.remember_runtime();
@@ -136,8 +143,12 @@ impl OnSession<'_> {
                 // Only the listing sent after the last create shows every node of ours.
                 listing = pipelined;
             }
-            match self.wait_for_count(&leases.0, max_leases, listing).await? {
+            match self.wait_for_count(&leases.0, max_leases, listing, lock_node).await? {
                 Count::Granted => return self.vouched_leases(leases).await,
+                Count::LockGone => {
+                    debug!(lock = &**lock_node, "the internal lock's node was deleted while waiting for leases");
+                    return Err(Error::LockLost { path: self.lock.dir.clone(), reason: LossReason::NodeDeleted });
+                },
                 Count::NodeGone => {
                     losses += 1;
                     debug!(dir = self.lock.dir, losses, "a lease node of ours was deleted while waiting");
@@ -155,12 +166,14 @@ impl OnSession<'_> {
 
     /// Waits until a listing taken after our creates shows all of `ours` and at most `max_leases`
     /// children (the rule of the module docs). `pipelined` is the listing sent right behind our
-    /// last create, if it came.
+    /// last create, if it came. While it waits, the internal lock's node is watched too (only then:
+    /// a grant with room in the pool costs no watch).
     async fn wait_for_count(
         &self,
         ours: &[(PendingNode, LockNode)],
         max_leases: usize,
         pipelined: Option<Arc<Listing>>,
+        lock_node: &Arc<str>,
     ) -> Result<Count> {
         let name_of = |node: &LockNode| node.path[self.lock.dir.len() + 1..].to_owned();
         if let Some(listing) = pipelined {
@@ -175,6 +188,7 @@ impl OnSession<'_> {
         }
         let client = self.context.client();
         let dir = &self.lock.dir;
+        let mut lock_watch: Option<NodeWatch> = None;
         loop {
             let (names, watcher) = match retry_unknown(|| client.list_and_watch_children(dir)).await {
                 Ok(listed) => listed,
@@ -192,9 +206,24 @@ impl OnSession<'_> {
                 return Ok(Count::Granted);
             }
             debug!(dir, children = names.len(), max_leases, "waiting for leases to be returned");
-            let event = watcher.changed().await;
-            if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
-                return Err(self.session_lost(event.session_state.to_string()));
+            let watching_lock = lock_watch.get_or_insert_with(|| self.watch(lock_node));
+            let lock_event = tokio::select! {
+                biased;
+                event = &mut *watching_lock => Some(event),
+                event = watcher.changed() => {
+                    if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
+                        return Err(self.session_lost(event.session_state.to_string()));
+                    }
+                    None
+                },
+            };
+            match lock_event {
+                None => {},
+                Some(Watched::Deleted) => return Ok(Count::LockGone),
+                Some(Watched::SessionDead(state)) => return Err(self.session_lost(state.to_string())),
+                Some(Watched::Refused(err)) => return Err(Error::zk("watch the lock node", lock_node, err)),
+                // Its data changed (a revocation request): watch it again.
+                Some(Watched::Other) => lock_watch = None,
             }
             // Anything else (a child added or deleted, a reconnection): list again.
         }

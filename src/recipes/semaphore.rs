@@ -284,17 +284,7 @@ impl InterProcessSemaphoreV2 {
         loop {
             let lock = inner.lock.acquire().await?;
             let context = lock.hold.context.clone();
-            let leases = tokio::select! {
-                biased;
-                // Lost while waiting for leases: someone else may hold it now and be waiting too;
-                // our lease nodes must go (they do when this future is dropped) before we queue
-                // again.
-                reason = lock.lost() => {
-                    tracing::debug!(path = inner.path, %reason, "the semaphore's internal lock was lost while waiting for leases; starting again");
-                    continue;
-                },
-                leases = inner.leases.attempt_leases(&context, qty, inner.max_leases) => leases,
-            };
+            let leases = inner.leases.attempt_leases(&context, qty, inner.max_leases, &lock.hold.node.path).await;
             match leases {
                 Ok(grants) => {
                     // The internal lock is released in the background: its delete is sent now, and
@@ -305,6 +295,16 @@ impl InterProcessSemaphoreV2 {
                 // The lock went with the session; a managed client queues again on its next one
                 // (a plain client's next acquire of the lock fails with this error).
                 Err(Error::SessionLost { .. }) => continue,
+                // The internal lock's node was deleted while we waited: someone else may hold the
+                // lock now and wait beside us. Our lease nodes are gone (deleted when the attempt
+                // returned); queue again.
+                Err(Error::LockLost { .. }) => {
+                    tracing::debug!(
+                        path = inner.path,
+                        "the semaphore's internal lock was lost while waiting for leases; starting again"
+                    );
+                    continue;
+                },
                 Err(err) => return Err(err),
             }
         }
