@@ -42,7 +42,7 @@ use tracing::{debug, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use super::{Grant, LockInternals, LockNode, OnSession, Wait, MAX_NODE_LOSSES};
+use super::{Grant, LockInternals, LockNode, OnSession, MAX_NODE_LOSSES};
 use crate::engine::driver::StandardDriver;
 use crate::engine::listing::Listing;
 use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
@@ -229,32 +229,65 @@ impl OnSession<'_> {
         }
     }
 
-    /// Our granted lease nodes as holds, once the session monitor vouches for the session (see
-    /// `vouched_hold`).
+    /// Our granted lease nodes as holds, all at once, once the session monitor vouches for the
+    /// session (see `vouched_hold`): if it cannot vouch for it at the moment one of them is
+    /// tracked, those tracked before are untracked again (released: no loss is told) and all wait
+    /// for the monitor together — no lease is ever tracked alone, to be reported lost while its
+    /// siblings wait.
     async fn vouched_leases(&self, mut leases: PendingLeases) -> Result<Vec<Grant>> {
-        let mut grants: Vec<Grant> = Vec::with_capacity(leases.0.len());
-        for (_, node) in &leases.0 {
-            match self.vouched_hold(node, None, Wait::Forever).await {
-                Ok(Some(feed)) => grants.push(Grant {
-                    node: node.clone(),
-                    feed,
-                    context: self.context.clone(),
-                    handoff: false,
-                    revocable: self.lock.revocable,
-                }),
-                // (`None` comes only with `Wait::No`.)
-                failed => {
-                    // Not returned: untracked; the pending nodes delete every node.
-                    for grant in grants {
-                        self.context.session.release(&grant.feed);
-                    }
-                    return Err(failed.err().unwrap_or_else(|| self.session_lost("not vouched for".to_owned())));
-                },
+        let session = &self.context.session;
+        let policy = self.lock.loss_policy;
+        loop {
+            // Untracked again if dropped before they are returned (a cancel, a refusal).
+            let mut tracked = Tracked { session, feeds: Vec::with_capacity(leases.0.len()) };
+            for (_, node) in &leases.0 {
+                match session.track(&self.context.cleanup, &node.path, policy, None) {
+                    Ok(feed) => tracked.feeds.push(feed),
+                    Err(_) => break,
+                }
+            }
+            if tracked.feeds.len() == leases.0.len() {
+                let feeds = std::mem::take(&mut tracked.feeds);
+                let grants = leases
+                    .0
+                    .iter()
+                    .zip(feeds)
+                    .map(|((_, node), feed)| Grant {
+                        node: node.clone(),
+                        feed,
+                        context: self.context.clone(),
+                        handoff: false,
+                        revocable: self.lock.revocable,
+                    })
+                    .collect();
+                for (pending, _) in std::mem::take(&mut leases.0) {
+                    pending.disarm();
+                }
+                return Ok(grants);
+            }
+            drop(tracked);
+            if let Some(reason) = session.ended() {
+                return Err(self.session_lost(reason.to_string()));
+            }
+            debug!(dir = self.lock.dir, "leases granted, but the session cannot be vouched for yet; waiting");
+            if let Err(reason) = session.until_vouched(policy).await {
+                return Err(self.session_lost(reason.to_string()));
             }
         }
-        for (pending, _) in std::mem::take(&mut leases.0) {
-            pending.disarm();
+    }
+}
+
+/// Lease holds tracked by the session monitor but not returned yet: untracked (released, no loss
+/// told) if dropped.
+struct Tracked<'a> {
+    session: &'a crate::session::monitor::Session,
+    feeds: Vec<Arc<crate::session::monitor::HoldFeed>>,
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        for feed in self.feeds.drain(..).rev() {
+            self.session.release(&feed);
         }
-        Ok(grants)
     }
 }

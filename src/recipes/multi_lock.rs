@@ -17,6 +17,11 @@ use crate::state::{LockState, LossReason};
 /// the read or write lock of an [`InterProcessReadWriteLock`](crate::InterProcessReadWriteLock)),
 /// [`InterProcessSemaphoreMutex`].
 ///
+/// Each lock path may appear once: an acquire of a multi-lock with a path twice (the same mutex,
+/// or the read and the write lock of one read/write lock) fails with [`Error::InvalidArgument`]
+/// before anything is sent — the second acquire would wait behind the first (Curator's mutex
+/// re-enters per thread; ours only inside a lock scope).
+///
 /// As with any set of locks, two multi-locks that take the same locks in different orders can
 /// wait for each other for ever (each holding what the other needs next): give every process the
 /// same order, or use [`acquire_timeout`](Self::acquire_timeout).
@@ -198,10 +203,12 @@ impl Drop for MultiLockGuard {
     }
 }
 
-/// Releases `held` newest first; the failures, with their paths.
-async fn release_in_reverse(mut held: Vec<HeldLock>) -> Vec<(String, Error)> {
+/// Releases `held` newest first; the failures, with their paths. If cancelled, what is left is
+/// released in the background, newest first too (dropped as a guard).
+async fn release_in_reverse(held: Vec<HeldLock>) -> Vec<(String, Error)> {
+    let mut held = MultiLockGuard { held };
     let mut failures = Vec::new();
-    while let Some(lock) = held.pop() {
+    while let Some(lock) = held.held.pop() {
         let path = lock.node_path().to_owned();
         if let Err(err) = lock.release().await {
             failures.push((path, err));
@@ -248,6 +255,17 @@ impl InterProcessMultiLock {
     }
 
     async fn acquire_with(&self, timeout: Option<Duration>) -> Result<Option<MultiLockGuard>> {
+        // A lock path twice: the second acquire would wait behind the first (ours are re-entrant
+        // only inside a lock scope, not per thread as Curator's), or be refused.
+        for (at, lock) in self.locks.iter().enumerate() {
+            if self.locks[..at].iter().any(|earlier| earlier.path() == lock.path()) {
+                return Err(Error::InvalidArgument {
+                    path: lock.path().to_owned(),
+                    reason: "the lock path is in the multi-lock twice: its second acquire would wait for the first"
+                        .into(),
+                });
+            }
+        }
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         // Dropped on a cancel: the locks taken so far are released newest first.
         let mut guard = MultiLockGuard { held: Vec::with_capacity(self.locks.len()) };
