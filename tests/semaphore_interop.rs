@@ -307,3 +307,66 @@ async fn kazoo_semaphore_does_not_see_our_leases() {
     lease.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap().release().await.unwrap();
 }
+
+/// The internal lock's waiters do not watch their own nodes (one request less per acquire): a
+/// waiter whose queued lock node is deleted by someone else is granted the internal lock when its
+/// predecessor goes, beside the rightful holder — here a Curator acquirer in another process (in
+/// one process the shared directory view would notice the deletion). That costs no lease too
+/// many (a grant rests on the count, not on the lock) and no stall: both wait in the full pool,
+/// each counting the other's lease node, until ours sees its lock node gone, gives its lease node
+/// up and queues again; then both are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_the_lock_beside_curator_after_its_node_was_deleted_backs_off() {
+    if !curator_available() {
+        return;
+    }
+    let connect = zookeeper().await.connect_string();
+    let path = unique_path("sem-false-grant");
+    let (h, a, b, admin) = (client().await, client().await, client().await, client().await);
+    let locks = format!("{path}/locks");
+    let holder = InterProcessSemaphoreV2::new(h.clone(), &path, 1).unwrap();
+    let lease = holder.acquire().await.unwrap();
+    // A holds the internal lock and waits in the full pool.
+    let first = tokio::spawn({
+        let s = InterProcessSemaphoreV2::new(a.clone(), &path, 1).unwrap();
+        async move {
+            let lease = s.acquire().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            lease.release().await.unwrap();
+        }
+    });
+    eventually(WAIT, "A waits in the pool", || async { children(&admin, &format!("{path}/leases")).await.len() == 2 })
+        .await;
+    // B queues behind A; its lock node is then deleted behind its back.
+    let second = tokio::spawn({
+        let s = InterProcessSemaphoreV2::new(b.clone(), &path, 1).unwrap();
+        async move { s.acquire().await.unwrap().release().await.unwrap() }
+    });
+    eventually(WAIT, "B queued", || async { children(&admin, &locks).await.len() == 2 }).await;
+    let mut queued = children(&admin, &locks).await;
+    queued.sort_by_key(|name| name[name.len() - 10..].to_owned());
+    admin.delete(&format!("{locks}/{}", queued[1]), None).await.unwrap();
+    // Curator queues behind A (B's node is gone).
+    let mut curator =
+        Holder::curator_family(connect, &path, "semaphore", 1, WAIT, Some(Duration::from_millis(50)), 1, "-");
+    curator.expect("CONNECTED").await;
+    eventually(WAIT, "Curator queued", || async { children(&admin, &locks).await.len() == 2 }).await;
+    lease.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), first).await.expect("A served").unwrap();
+    let line = curator.next().await;
+    assert!(line.starts_with("ACQUIRED "), "{line}");
+    curator.expect("RELEASING").await;
+    curator.expect("RELEASED").await;
+    curator.expect("DONE").await;
+    curator.finish().await;
+    tokio::time::timeout(Duration::from_secs(20), second).await.expect("B served").unwrap();
+    for dir in ["leases", "locks"] {
+        assert_no_nodes_left_while_open(
+            &admin,
+            &format!("{path}/{dir}"),
+            &[h.clone(), a.clone(), b.clone()],
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+}

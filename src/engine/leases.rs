@@ -20,9 +20,16 @@
 //! and GUIDs are fresh). So `L` lists all of `S`: `max_leases + 1` children, and `x` was not
 //! granted. Contradiction. ∎
 //!
+//! The premise is that `L` lists `x` (the code checks that every node of ours is listed: a reply
+//! that came over another connection might not be after our create). "Exists at `t`" is about the
+//! state the ensemble has committed: a server answers from a prefix of the committed history, so
+//! `L` shows no deletion committed after `t`.
+//!
 //! The proof uses neither the internal lock nor the order of sequence numbers: the lock is for
-//! liveness (only its holder has a lease node that is not granted, so a waiting node never blocks
-//! another waiting node for ever) and for fairness (acquirers are served in the lock's order). A
+//! liveness (only its holder has a lease node that is not granted, so waiting nodes do not block
+//! each other — as long as the holders of granted leases return them in the end; a Curator
+//! `acquire(n)` that holds part of its leases while it queues for the rest can block for ever, as
+//! it blocks another Curator's) and for fairness (acquirers are served in the lock's order). A
 //! node created by an acquire that is not granted (a cancel, a timeout, an error) only makes
 //! others wait longer until it is deleted; it never lets anyone in.
 //!
@@ -30,6 +37,22 @@
 //! node deleted by someone else — through the session monitor, exactly as a lock holder does, so
 //! it is told before ZooKeeper can let another acquirer count one child fewer (`view.rs` and
 //! `session/monitor.rs` carry that argument; a lease node is watched like a lock node).
+//!
+//! # The internal lock
+//! The internal lock is an engine mutex whose holders and waiters do not watch their own nodes
+//! (`LockInternals::without_own_node_watch`: one request less per acquire). Its grant may then
+//! be false: a waiter whose node someone else deleted is granted when its predecessor goes,
+//! beside the rightful holder (in one process the shared directory view usually notices the
+//! deletion; across processes nothing does). What that costs:
+//! - *No lease too many*: the proof above uses no lock.
+//! - *No stall*: two holders of the lock may both wait in a full pool, each counting the other's
+//!   lease node — for ever, were both to wait there. So a holder waiting in the pool watches its
+//!   own lock node (only then: a grant with room in the pool costs no watch), and when it is gone
+//!   gives its lease nodes up and queues again (`Error::LockLost` to the recipe, which starts
+//!   over). Of any set of holders waiting in the pool, all but the rightful one — whose node
+//!   exists — leave it; the rightful one is served as the pool drains, as in Curator.
+//!   (`tests/semaphore_interop.rs` has a falsely granted waiter of ours beside a Curator
+//!   acquirer; it stalls without this.)
 //!
 //! # Waiting
 //! Only the holder of the internal lock waits here, with one children watch on `leases` — the one

@@ -151,6 +151,9 @@ pub(crate) struct LockInternals {
     min_session_timeout: Option<Duration>,
     /// Nodes are created revocable (Curator's revocation: see `LockGuard::revoke_requested`).
     revocable: bool,
+    /// Whether a waiter watches its own node, and a hold its node (see
+    /// [`without_own_node_watch`](Self::without_own_node_watch)).
+    watch_own_node: bool,
 }
 
 impl LockInternals {
@@ -162,7 +165,27 @@ impl LockInternals {
         loss_policy: LossPolicy,
         min_session_timeout: Option<Duration>,
     ) -> LockInternals {
-        LockInternals { client, dir, node_data, acls, loss_policy, min_session_timeout, revocable: false }
+        LockInternals {
+            client,
+            dir,
+            node_data,
+            acls,
+            loss_policy,
+            min_session_timeout,
+            revocable: false,
+            watch_own_node: true,
+        }
+    }
+
+    /// The same engine for a lock whose holder need not learn that its node was deleted by
+    /// someone else — a semaphore's internal lock (`engine/leases.rs`, *The internal lock*): a
+    /// waiter does not watch its own node (one request less per acquire) and the hold does not
+    /// watch it either. A waiter whose node was deleted may then be granted when its predecessor
+    /// goes, beside another holder; a new connection still makes the waiter check its node before
+    /// the grant, and a session that ends still ends the hold.
+    pub(crate) fn without_own_node_watch(mut self) -> LockInternals {
+        self.watch_own_node = false;
+        self
     }
 
     /// The same engine, its nodes revocable or not.
@@ -344,6 +367,9 @@ impl OnSession<'_> {
             match self.wait_for_turn(driver, &mut node, listing, wait).await? {
                 Turn::Acquired(own_watch) => {
                     let handoff = own_watch.is_some();
+                    // (The hold of a lock whose node needs no watching is handed a watch that
+                    // never fires: the monitor sets none either.)
+                    let own_watch = if self.lock.watch_own_node { own_watch } else { Some(NodeWatch::never()) };
                     let Some(feed) = self.vouched_hold(&node, own_watch, wait).await? else {
                         pending.delete_now().await?;
                         return Ok(None);
@@ -843,7 +869,7 @@ impl OnSession<'_> {
         // while our original watch is armed and the connection has not been re-established
         // (re-registered watches fire in no particular order); otherwise we check our node once
         // more before taking the lock.
-        let mut own_watch = self.watch(&node.path);
+        let mut own_watch = if self.lock.watch_own_node { self.watch(&node.path) } else { NodeWatch::never() };
         let mut own_watch_trusted = true;
         let mut session = self.context.client().state_watcher();
         session.state();

@@ -156,10 +156,10 @@ impl LockBuilder<InterProcessMutex> {
         Ok(InterProcessMutex::of_kind(internals, Holds::new(RECIPE), &MUTEX_DRIVER, None))
     }
 
-    /// A mutex that is part of another recipe (a semaphore's internal lock), its metrics labelled
-    /// `recipe`.
-    pub(crate) fn build_internal(self, recipe: &'static str) -> Result<InterProcessMutex> {
-        let internals = Arc::new(self.internals(MUTEX_LOCK_NAME)?);
+    /// A semaphore's internal lock, its metrics labelled `recipe`: a mutex whose holders and
+    /// waiters do not watch their own nodes (`engine/leases.rs`, *The internal lock*).
+    pub(crate) fn build_internal_lock(self, recipe: &'static str) -> Result<InterProcessMutex> {
+        let internals = Arc::new(self.internals(MUTEX_LOCK_NAME)?.without_own_node_watch());
         Ok(InterProcessMutex::of_kind(internals, Holds::new(recipe), &MUTEX_DRIVER, None))
     }
 }

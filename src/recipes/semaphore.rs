@@ -158,7 +158,8 @@ impl InterProcessSemaphoreV2 {
         // The path itself first, so that its errors name it rather than `<path>/leases`.
         builder.child::<()>("").node_data(Vec::new()).internals(LEASE_NAME)?;
         let leases = Arc::new(builder.child::<()>(LEASES_DIR).internals(LEASE_NAME)?);
-        let lock = builder.child::<InterProcessMutex>(LOCKS_DIR).node_data(Vec::new()).build_internal(LOCK_RECIPE)?;
+        let lock =
+            builder.child::<InterProcessMutex>(LOCKS_DIR).node_data(Vec::new()).build_internal_lock(LOCK_RECIPE)?;
         let holds = Holds::new(recipe);
         Ok(InterProcessSemaphoreV2 {
             inner: Arc::new(SemaphoreInner { lock, leases, holds, max_leases, path, recipe }),

@@ -27,6 +27,12 @@ pub(crate) struct NodeWatch {
 pub(crate) type WatchFuture = Pin<Box<dyn Future<Output = Watched> + Send + 'static>>;
 
 impl NodeWatch {
+    /// A watch that is never sent and never fires, counted as armed: for a node whose deletion
+    /// its owner does not need to hear of (see `LockInternals::without_own_node_watch`).
+    pub(crate) fn never() -> NodeWatch {
+        NodeWatch { armed: Arc::new(AtomicBool::new(true)), fired: Box::pin(std::future::pending()) }
+    }
+
     /// The watch as a plain future (its "armed" flag no longer needed).
     pub(crate) fn into_future(self) -> WatchFuture {
         self.fired
