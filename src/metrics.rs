@@ -118,6 +118,7 @@ pub(crate) fn lost(reason: LossReason) {
         LossReason::NodeDeleted => "node_deleted",
         LossReason::MonitorStopped => "monitor_stopped",
         LossReason::LatchClosed => "latch_closed",
+        LossReason::LeaseExpired => "lease_expired",
     };
     metrics::counter!(names::LOSSES, "reason" => reason).increment(1);
 }

@@ -61,6 +61,10 @@ pub enum LossReason {
     /// The recipe holding the lock was closed by its owner while this guard was still alive
     /// ([`LeaderLatch::close`](crate::LeaderLatch::close)): it stepped down and deleted its node.
     LatchClosed,
+    /// The hold's lease ran out ([`LockBuilder::lease`](crate::LockBuilder::lease),
+    /// [`LockGuard::extend`](crate::LockGuard::extend)): the library released the lock — told
+    /// first, then its node deleted — although the holder had not.
+    LeaseExpired,
 }
 
 impl std::fmt::Display for LossReason {
@@ -76,6 +80,7 @@ impl std::fmt::Display for LossReason {
             LossReason::NodeDeleted => "our lock node was deleted by another client",
             LossReason::MonitorStopped => "the session monitor stopped (runtime shutdown or panic)",
             LossReason::LatchClosed => "the LeaderLatch was closed (it left the election)",
+            LossReason::LeaseExpired => "the hold's lease ran out (it was not extended): the lock was released",
         })
     }
 }

@@ -154,6 +154,8 @@ pub(crate) struct LockInternals {
     /// Whether a waiter watches its own node, and a hold its node (see
     /// [`without_own_node_watch`](Self::without_own_node_watch)).
     watch_own_node: bool,
+    /// The lease every hold of this lock gets (`LockBuilder::lease`), applied by the recipe.
+    lease: Option<Duration>,
 }
 
 impl LockInternals {
@@ -174,7 +176,19 @@ impl LockInternals {
             min_session_timeout,
             revocable: false,
             watch_own_node: true,
+            lease: None,
         }
+    }
+
+    /// The same engine, its holds leased for `lease` (see `LockBuilder::lease`).
+    pub(crate) fn lease(mut self, lease: Option<Duration>) -> LockInternals {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease every hold of this lock gets, if any.
+    pub(crate) fn hold_lease(&self) -> Option<Duration> {
+        self.lease
     }
 
     /// The same engine for a lock whose holder need not learn that its node was deleted by

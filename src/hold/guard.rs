@@ -217,6 +217,26 @@ impl LockGuard {
         LossSignal { hold: self.hold.clone() }
     }
 
+    /// Moves the end of this hold's lease to `duration` from now, or gives the hold a lease if it
+    /// has none (Redisson's watchdog, made explicit: call it while the work goes on). When a lease
+    /// runs out the hold ends `Lost(LeaseExpired)` whatever its guards do: every guard reads
+    /// `Lost` from that instant, fenced writes are refused, [`lost`](Self::lost) resolves, and
+    /// then the node is deleted, so the next waiter gets the lock. All guards of a hold (re-entry)
+    /// share its lease.
+    ///
+    /// How it differs from the session timeout: the session outlives a stuck task (its heartbeats
+    /// come from the client, not from your code), so a holder that hangs or forgets its guard
+    /// keeps the lock for ever; a lease bounds that. It is measured by this process, on the same
+    /// clock as the loss deadline, and only ever shortens a hold: the session's loss still ends it
+    /// earlier when it comes first.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the hold is already lost (a lease that ran
+    /// out included) or released: a lease cannot revive it.
+    pub fn extend(&self, duration: std::time::Duration) -> Result<()> {
+        self.holds.lease(&self.hold, duration)
+    }
+
     /// Resolves once someone asks for this lock back: the hold's node's data became
     /// `__REVOKE__`, written by [`Revoker::attempt_revoke`](crate::Revoker::attempt_revoke) or by
     /// Curator's `Revoker` (a request made before this call counts too). Only for a lock built

@@ -16,10 +16,13 @@
 //! and its fenced writes check both nodes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::{info_span, Instrument};
+use tokio::time::Instant;
+use tracing::{info_span, warn, Instrument};
 
 use crate::engine::{Grant, LockNode};
 use crate::error::{Error, Result};
@@ -48,8 +51,21 @@ pub(crate) struct Hold {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     recipe: &'static str,
     life: Mutex<Life>,
+    /// Its lease, once it has one (`Holds::lease`).
+    lease: OnceLock<Arc<HoldLease>>,
     #[cfg(feature = "metrics")]
     granted: std::time::Instant,
+}
+
+/// A hold's lease ([`LockBuilder::lease`](crate::LockBuilder::lease)): when it runs out, the hold
+/// ends `Lost(LeaseExpired)` — told first, then its node's delete sent (see `Holds::lease`).
+#[derive(Debug)]
+struct HoldLease {
+    /// When it runs out, on the session's clock (`SessionClock`: it counts a suspended machine's
+    /// sleep, as the loss deadline does).
+    until: Mutex<Instant>,
+    /// Told when `until` moves (an `extend`).
+    moved: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -88,11 +104,22 @@ impl Hold {
         lock(&self.life).ended
     }
 
+    /// Whether the hold's lease has run out by the session's clock (its timer may not have run
+    /// yet).
+    fn lease_ran_out(&self) -> bool {
+        self.lease.get().is_some_and(|lease| self.context.session.now() >= *lock(&lease.until))
+    }
+
     /// What this process knows about the hold now (re-evaluated by the session monitor): its own
-    /// node's state; for a downgraded read, lost as soon as the write hold it came from is lost
-    /// before it ended, and suspended while that one is.
+    /// node's state — `Lost(LeaseExpired)` from the instant its lease runs out, even before its
+    /// timer has ended it; for a downgraded read, lost as soon as the write hold it came from is
+    /// lost before it ended, and suspended while that one is.
     pub(crate) fn state(&self) -> LockState {
-        let own = self.context.session.state(&self.feed);
+        let own = match self.context.session.state(&self.feed) {
+            LockState::Lost(reason) => LockState::Lost(reason),
+            _ if !self.has_ended() && self.lease_ran_out() => LockState::Lost(LossReason::LeaseExpired),
+            own => own,
+        };
         let Some(write) = self.downgraded_from() else { return own };
         if let LockState::Lost(_) = own {
             return own;
@@ -234,6 +261,7 @@ impl Holds {
             revocable,
             recipe: self.recipe,
             life: Mutex::new(Life { guards: 1, ..Life::default() }),
+            lease: OnceLock::new(),
             #[cfg(feature = "metrics")]
             granted: std::time::Instant::now(),
         });
@@ -279,6 +307,57 @@ impl Holds {
         Ended(deletions)
     }
 
+    /// Gives `hold` a lease that runs out `duration` from now, or moves the end of the one it has
+    /// (`extend`). When it runs out the hold ends `Lost(LeaseExpired)`, guards alive or not: every
+    /// guard reads `Lost` from that instant (its state is checked against the clock, and so are
+    /// fenced writes, which are refused from then on), the session monitor is told, and only then
+    /// is the node's delete sent — so the next holder is granted after the holder was told. A
+    /// timer task per leased hold does it; it holds the hold weakly and stops once the hold ends.
+    ///
+    /// Fails with `LockLost` if the hold is already lost or ended (a lease cannot revive it).
+    pub(crate) fn lease(self: &Arc<Self>, hold: &Arc<Hold>, duration: Duration) -> Result<()> {
+        hold.check_live()?;
+        let until = hold.context.session.now() + duration;
+        let mut first = false;
+        let lease = hold.lease.get_or_init(|| {
+            first = true;
+            Arc::new(HoldLease { until: Mutex::new(until), moved: Notify::new() })
+        });
+        *lock(&lease.until) = until;
+        lease.moved.notify_one();
+        if first {
+            let runtime = tokio::runtime::Handle::try_current().ok().or_else(|| hold.context.cleanup.runtime());
+            match runtime {
+                Some(runtime) => {
+                    runtime.spawn(lease_timer(Arc::downgrade(self), Arc::downgrade(hold), lease.clone()));
+                },
+                // Its state still reads `Lost(LeaseExpired)` once it runs out; the node goes when
+                // the guards do.
+                None => warn!(lock_path = hold.lock_path(), "no tokio runtime for a hold's lease timer"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease of `hold` ran out: the hold ends now, told `Lost(LeaseExpired)` before its node's
+    /// delete is sent (as `end_all` ends a hold).
+    fn expire(&self, hold: &Arc<Hold>) {
+        {
+            let mut live = lock(&self.live);
+            if let Some(at) = live.iter().position(|live| live.id == hold.id) {
+                live.swap_remove(at);
+            }
+        }
+        if !std::mem::replace(&mut lock(&hold.life).ended, true) {
+            warn!(
+                lock_path = hold.lock_path(),
+                sequence = hold.node.sequence,
+                "the hold's lease ran out; releasing the lock"
+            );
+            drop(hold.end(Some(LossReason::LeaseExpired)));
+        }
+    }
+
     /// Drops one guard of `hold`. When it was the last, the hold ends: its node's delete is sent
     /// before this returns.
     pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Ended {
@@ -300,6 +379,36 @@ impl Holds {
             return Ended(Vec::new());
         }
         Ended(hold.end(None).into_iter().collect())
+    }
+}
+
+/// Ends `hold` when its lease runs out (see [`Holds::lease`]); returns early once the hold ended
+/// otherwise (released) or is gone.
+async fn lease_timer(holds: Weak<Holds>, hold: Weak<Hold>, lease: Arc<HoldLease>) {
+    loop {
+        let moved = lease.moved.notified();
+        tokio::pin!(moved);
+        // Registered before `until` is read: a move in between is not missed.
+        moved.as_mut().enable();
+        let wait = {
+            let Some(hold) = hold.upgrade() else { return };
+            if hold.has_ended() {
+                return;
+            }
+            let now = hold.context.session.now();
+            let until = *lock(&lease.until);
+            if now >= until {
+                if let Some(holds) = holds.upgrade() {
+                    holds.expire(&hold);
+                }
+                return;
+            }
+            until - now
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {},
+            () = moved => {},
+        }
     }
 }
 

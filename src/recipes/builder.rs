@@ -26,6 +26,7 @@ pub struct LockBuilder<R> {
     max_request_bytes: usize,
     min_session_timeout: Option<Duration>,
     revocable: bool,
+    lease: Option<Duration>,
     recipe: PhantomData<fn() -> R>,
 }
 
@@ -40,6 +41,7 @@ impl<R> Clone for LockBuilder<R> {
             max_request_bytes: self.max_request_bytes,
             min_session_timeout: self.min_session_timeout,
             revocable: self.revocable,
+            lease: self.lease,
             recipe: PhantomData,
         }
     }
@@ -56,6 +58,7 @@ impl<R> std::fmt::Debug for LockBuilder<R> {
             .field("max_request_bytes", &self.max_request_bytes)
             .field("min_session_timeout", &self.min_session_timeout)
             .field("revocable", &self.revocable)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -87,6 +90,7 @@ impl<R> LockBuilder<R> {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             min_session_timeout: None,
             revocable: false,
+            lease: None,
             recipe: PhantomData,
         }
     }
@@ -158,8 +162,17 @@ impl<R> LockBuilder<R> {
             max_request_bytes: self.max_request_bytes,
             min_session_timeout: self.min_session_timeout,
             revocable: self.revocable,
+            lease: self.lease,
             recipe: PhantomData,
         }
+    }
+
+    /// The options of a recipe's internal lock (a semaphore's): neither revocable nor leased —
+    /// those apply to the recipe's own holds.
+    pub(crate) fn internal(mut self) -> LockBuilder<R> {
+        self.revocable = false;
+        self.lease = None;
+        self
     }
 
     /// The path as given.
@@ -177,6 +190,17 @@ impl<R> LockBuilder<R> {
     /// combined with it (`build` fails with [`Error::InvalidArgument`]).
     pub fn revocable(mut self, revocable: bool) -> LockBuilder<R> {
         self.revocable = revocable;
+        self
+    }
+
+    /// Gives every hold of this lock a lease (Redisson's `leaseTime`): `lease` after the grant the
+    /// hold ends `Lost(LeaseExpired)` and the library releases the lock — told first, then the node
+    /// deleted — unless [`extend`](crate::LockGuard::extend) moved the end. A holder that hangs or
+    /// forgets its guard then keeps the lock no longer than the lease, which the session alone
+    /// cannot promise (its heartbeats come from the client, not from your code). Acquires can set
+    /// their own (`acquire_with_lease`). Default: none.
+    pub fn lease(mut self, lease: Duration) -> LockBuilder<R> {
+        self.lease = Some(lease);
         self
     }
 
@@ -221,8 +245,9 @@ impl<R> LockBuilder<R> {
         if path_size + self.node_data.len() > limit {
             return Err(Error::TooLarge { what: "node data", size: self.node_data.len(), limit });
         }
-        let revocable = self.revocable;
+        let (revocable, lease) = (self.revocable, self.lease);
         Ok(LockInternals::new(self.client, self.path, self.node_data, acls, self.loss_policy, self.min_session_timeout)
-            .revocable(revocable))
+            .revocable(revocable)
+            .lease(lease))
     }
 }

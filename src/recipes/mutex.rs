@@ -249,7 +249,7 @@ impl InterProcessMutex {
     /// [`Error::ZooKeeper`] for other failures.
     pub async fn acquire(&self) -> Result<LockGuard> {
         loop {
-            if let Some(guard) = self.acquire_with(Wait::Forever, None).await? {
+            if let Some(guard) = self.acquire_with(Wait::Forever, None, None).await? {
                 return Ok(guard);
             }
         }
@@ -270,7 +270,7 @@ impl InterProcessMutex {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_with(Wait::No, None).await
+        self.acquire_with(Wait::No, None, None).await
     }
 
     /// Waits at most `timeout` for the lock; `Ok(None)` if it was not granted in time — also when
@@ -283,7 +283,33 @@ impl InterProcessMutex {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_with(Wait::Forever, Some(timeout)).await
+        self.acquire_with(Wait::Forever, Some(timeout), None).await
+    }
+
+    /// Waits until the lock is held, with a hold lease of `lease` (Redisson's `lock(leaseTime)`):
+    /// unless [`extend`](LockGuard::extend)ed, the hold ends `Lost(LeaseExpired)` `lease` after the
+    /// grant and the library releases the lock (see [`MutexBuilder::lease`]). Overrides the
+    /// builder's lease for this acquire; a re-entry keeps the hold's lease.
+    ///
+    /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with_lease(&self, lease: Duration) -> Result<LockGuard> {
+        loop {
+            if let Some(guard) = self.acquire_with(Wait::Forever, None, Some(lease)).await? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for the lock, then holds it with a lease of `lease` (Redisson's
+    /// `tryLock(waitTime, leaseTime)`); `Ok(None)` if it was not granted in time.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_timeout_with_lease(&self, timeout: Duration, lease: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_with(Wait::Forever, Some(timeout), Some(lease)).await
     }
 
     /// Acquires the lock, runs `critical_section` inside a lock scope, and releases the lock when
@@ -317,7 +343,12 @@ impl InterProcessMutex {
         Ok(output)
     }
 
-    async fn acquire_with(&self, wait: Wait, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
+    async fn acquire_with(
+        &self,
+        wait: Wait,
+        timeout: Option<Duration>,
+        lease: Option<Duration>,
+    ) -> Result<Option<LockGuard>> {
         let started = std::time::Instant::now();
         if let Some(hold) = scope_hold(&self.inner.holds) {
             if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
@@ -327,8 +358,8 @@ impl InterProcessMutex {
         }
         let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry());
         let result = match entry {
-            Ok(Entry::Queue) => self.queue(None, wait, timeout).await,
-            Ok(Entry::Beside { anchor }) => self.queue(Some(anchor), wait, timeout).await,
+            Ok(Entry::Queue) => self.queue(None, wait, timeout, lease).await,
+            Ok(Entry::Beside { anchor }) => self.queue(Some(anchor), wait, timeout, lease).await,
             Err(err) => Err(err),
         };
         let outcome = match &result {
@@ -348,6 +379,7 @@ impl InterProcessMutex {
         anchor: Option<Arc<Hold>>,
         wait: Wait,
         timeout: Option<Duration>,
+        lease: Option<Duration>,
     ) -> Result<Option<LockGuard>> {
         let driver = self.inner.driver;
         let span = info_span!(
@@ -381,7 +413,14 @@ impl InterProcessMutex {
                 },
             }
         };
-        Ok(node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)))
+        let Some(guard) = node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)) else {
+            return Ok(None);
+        };
+        // The hold's lease (this acquire's, else the lock's), from the grant.
+        if let Some(lease) = lease.or(self.inner.internals.hold_lease()) {
+            guard.extend(lease)?;
+        }
+        Ok(Some(guard))
     }
 
     fn released_meanwhile(&self) -> Error {

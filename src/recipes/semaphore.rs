@@ -158,8 +158,11 @@ impl InterProcessSemaphoreV2 {
         // The path itself first, so that its errors name it rather than `<path>/leases`.
         builder.child::<()>("").node_data(Vec::new()).internals(LEASE_NAME)?;
         let leases = Arc::new(builder.child::<()>(LEASES_DIR).internals(LEASE_NAME)?);
-        let lock =
-            builder.child::<InterProcessMutex>(LOCKS_DIR).node_data(Vec::new()).build_internal_lock(LOCK_RECIPE)?;
+        let lock = builder
+            .child::<InterProcessMutex>(LOCKS_DIR)
+            .node_data(Vec::new())
+            .internal()
+            .build_internal_lock(LOCK_RECIPE)?;
         let holds = Holds::new(recipe);
         Ok(InterProcessSemaphoreV2 {
             inner: Arc::new(SemaphoreInner { lock, leases, holds, max_leases, path, recipe }),
@@ -186,7 +189,7 @@ impl InterProcessSemaphoreV2 {
     /// [`Error::Closed`], [`Error::NoAuth`] when ACLs refuse us, [`Error::ZooKeeper`] for other
     /// failures.
     pub async fn acquire(&self) -> Result<Lease> {
-        let mut leases = self.acquire_leases(1, None).await?.unwrap_or_default();
+        let mut leases = self.acquire_leases(1, None, None).await?.unwrap_or_default();
         leases.pop().ok_or_else(|| self.no_lease())
     }
 
@@ -200,7 +203,7 @@ impl InterProcessSemaphoreV2 {
     /// [`Error::InvalidArgument`] if `qty` is 0 or more than the semaphore's leases (it would
     /// wait for ever); otherwise as [`acquire`](Self::acquire).
     pub async fn acquire_many(&self, qty: usize) -> Result<Vec<Lease>> {
-        Ok(self.acquire_leases(qty, None).await?.unwrap_or_default())
+        Ok(self.acquire_leases(qty, None, None).await?.unwrap_or_default())
     }
 
     /// Waits at most `timeout` for one lease; `Ok(None)` if none was granted in time (what the
@@ -209,7 +212,7 @@ impl InterProcessSemaphoreV2 {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Lease>> {
-        Ok(self.acquire_leases(1, Some(timeout)).await?.and_then(|mut leases| leases.pop()))
+        Ok(self.acquire_leases(1, Some(timeout), None).await?.and_then(|mut leases| leases.pop()))
     }
 
     /// Waits at most `timeout` for `qty` leases, all or nothing; `Ok(None)` if they were not
@@ -218,7 +221,18 @@ impl InterProcessSemaphoreV2 {
     /// # Errors
     /// As [`acquire_many`](Self::acquire_many).
     pub async fn acquire_many_timeout(&self, qty: usize, timeout: Duration) -> Result<Option<Vec<Lease>>> {
-        self.acquire_leases(qty, Some(timeout)).await
+        self.acquire_leases(qty, Some(timeout), None).await
+    }
+
+    /// Waits for one lease, held with a hold lease of `lease`: unless
+    /// [`extend`](Lease::extend)ed, it is `Lost(LeaseExpired)` and returned `lease` after the grant
+    /// (see [`SemaphoreBuilder::lease`](crate::LockBuilder::lease)). Overrides the builder's lease.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with_lease(&self, lease: Duration) -> Result<Lease> {
+        let mut leases = self.acquire_leases(1, None, Some(lease)).await?.unwrap_or_default();
+        leases.pop().ok_or_else(|| self.no_lease())
     }
 
     /// The paths of the nodes in `<path>/leases` — the leases held or being granted, by anyone —
@@ -249,7 +263,12 @@ impl InterProcessSemaphoreV2 {
         Error::LockLost { path: self.inner.path.clone(), reason: LossReason::NodeDeleted }
     }
 
-    async fn acquire_leases(&self, qty: usize, timeout: Option<Duration>) -> Result<Option<Vec<Lease>>> {
+    async fn acquire_leases(
+        &self,
+        qty: usize,
+        timeout: Option<Duration>,
+        lease: Option<Duration>,
+    ) -> Result<Option<Vec<Lease>>> {
         let started = Instant::now();
         if qty == 0 || qty > self.inner.max_leases {
             return Err(Error::InvalidArgument {
@@ -259,7 +278,7 @@ impl InterProcessSemaphoreV2 {
         }
         let span = info_span!("acquire", lock_path = %self.inner.path, lock = LEASE_NAME, qty, sequence = field::Empty);
         // Pinned where it lives (as in the mutex: a future moved into the timeout is laid out twice).
-        let attempt = std::pin::pin!(async { self.attempt(qty).await.map(Some) }.instrument(span));
+        let attempt = std::pin::pin!(async { self.attempt(qty, lease).await.map(Some) }.instrument(span));
         let result = match timeout {
             None => attempt.await,
             // The timeout's timer would panic on a runtime without timers: say so instead.
@@ -280,7 +299,7 @@ impl InterProcessSemaphoreV2 {
     /// Takes the internal lock, then the leases under it (see the module docs); again from the
     /// start if the internal lock is lost meanwhile or its session ends (a managed client's
     /// next session).
-    async fn attempt(&self, qty: usize) -> Result<Vec<Lease>> {
+    async fn attempt(&self, qty: usize, lease: Option<Duration>) -> Result<Vec<Lease>> {
         let inner = &self.inner;
         loop {
             let lock = inner.lock.acquire().await?;
@@ -291,7 +310,14 @@ impl InterProcessSemaphoreV2 {
                     // The internal lock is released in the background: its delete is sent now, and
                     // the next acquirer is granted by it while we return.
                     drop(lock);
-                    return Ok(grants.into_iter().map(|grant| Lease::new(&inner.holds, grant)).collect());
+                    let leases: Vec<Lease> = grants.into_iter().map(|grant| Lease::new(&inner.holds, grant)).collect();
+                    // Each lease's hold lease (this acquire's, else the semaphore's), from the grant.
+                    if let Some(duration) = lease.or(inner.leases.hold_lease()) {
+                        for granted in &leases {
+                            granted.extend(duration)?;
+                        }
+                    }
+                    return Ok(leases);
                 },
                 // The lock went with the session; a managed client queues again on its next one
                 // (a plain client's next acquire of the lock fails with this error).
@@ -371,6 +397,15 @@ impl Lease {
     /// (see [`FencedWriter`]).
     pub fn fenced_writer(&self) -> FencedWriter<'_> {
         self.guard.fenced_writer()
+    }
+
+    /// Moves the end of this lease's hold lease to `duration` from now, or gives it one (see
+    /// [`LockGuard::extend`]): when it runs out, the lease is `Lost(LeaseExpired)` and returned.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lease is already lost or returned.
+    pub fn extend(&self, duration: Duration) -> Result<()> {
+        self.guard.extend(duration)
     }
 
     /// How long the lease stays certain if ZooKeeper answers nothing more (see
