@@ -281,6 +281,8 @@ impl OnSession<'_> {
                         context: self.context.clone(),
                         handoff: false,
                         revocable: self.lock.revocable,
+                        // (A semaphore's leases take no lock-delay.)
+                        mark_release: false,
                     })
                     .collect();
                 for (pending, _) in std::mem::take(&mut leases.0) {

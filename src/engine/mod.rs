@@ -30,6 +30,7 @@
 //!    at all (see `view.rs` for the argument). A node in the view that is in fact gone costs one
 //!    `NoNode` read, once.
 
+mod delay;
 pub(crate) mod driver;
 pub(crate) mod leases;
 pub(crate) mod listing;
@@ -87,7 +88,16 @@ impl LockNode {
     /// Starts deleting the node through `cleanup` (see [`Cleanup::delete`]); once it is gone, it
     /// is also removed from the directory view it was waited with.
     pub(crate) fn delete(&self, cleanup: &Cleanup) -> Option<JoinHandle<Result<()>>> {
-        let target = Target::Path(self.path.to_string());
+        self.delete_marked(cleanup, false)
+    }
+
+    /// [`delete`](Self::delete), marked as a clean release when `marked` (a lock with a
+    /// lock-delay: `engine/delay.rs`).
+    pub(crate) fn delete_marked(&self, cleanup: &Cleanup, marked: bool) -> Option<JoinHandle<Result<()>>> {
+        let target = match marked {
+            true => Target::Released { path: self.path.to_string() },
+            false => Target::Path(self.path.to_string()),
+        };
         match self.view.clone() {
             None => cleanup.delete(target),
             Some(view) => {
@@ -109,6 +119,8 @@ pub(crate) struct Grant {
     pub handoff: bool,
     /// The node was created revocable (empty data; a revocation request is written as its data).
     pub revocable: bool,
+    /// A clean release of the hold is marked (the lock has a lock-delay: `engine/delay.rs`).
+    pub mark_release: bool,
 }
 
 impl Grant {
@@ -156,6 +168,8 @@ pub(crate) struct LockInternals {
     watch_own_node: bool,
     /// The lease every hold of this lock gets (`LockBuilder::lease`), applied by the recipe.
     lease: Option<Duration>,
+    /// The lock-delay (`LockBuilder::lock_delay`, `engine/delay.rs`).
+    lock_delay: Option<Duration>,
 }
 
 impl LockInternals {
@@ -177,7 +191,14 @@ impl LockInternals {
             revocable: false,
             watch_own_node: true,
             lease: None,
+            lock_delay: None,
         }
+    }
+
+    /// The same engine with a lock-delay (see `LockBuilder::lock_delay`).
+    pub(crate) fn lock_delay(mut self, delay: Option<Duration>) -> LockInternals {
+        self.lock_delay = delay;
+        self
     }
 
     /// The same engine, its holds leased for `lease` (see `LockBuilder::lease`).
@@ -368,7 +389,14 @@ impl OnSession<'_> {
         let prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
+            // With a lock-delay, the directory's stat from before our create (sent first: one round
+            // trip still; `delay.rs`).
+            let before = self.lock.lock_delay.map(|_| self.context.client().get_data(&self.lock.dir));
             let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
+            let before: delay::Before = match before {
+                Some(read) => Some(read.await),
+                None => None,
+            };
             Span::current().record("sequence", node.sequence);
             if !naming::in_counter_range(node.sequence) {
                 // At or past the end of the directory's counter: never granted (see `naming`,
@@ -378,7 +406,7 @@ impl OnSession<'_> {
                 pending.delete_now().await?;
                 return Err(Error::SequenceWrapped { path: self.lock.dir.clone(), name });
             }
-            match self.wait_for_turn(driver, &mut node, listing, wait).await? {
+            match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {
                 Turn::Acquired(own_watch) => {
                     let handoff = own_watch.is_some();
                     // (The hold of a lock whose node needs no watching is handed a watch that
@@ -395,6 +423,7 @@ impl OnSession<'_> {
                         context: self.context.clone(),
                         handoff,
                         revocable: self.lock.revocable,
+                        mark_release: self.lock.lock_delay.is_some(),
                     }));
                 },
                 Turn::NotNow => {
@@ -511,7 +540,14 @@ impl OnSession<'_> {
             return Ok(None);
         };
         pending.disarm();
-        Ok(Some(Grant { node, feed, context: self.context.clone(), handoff: false, revocable: self.lock.revocable }))
+        Ok(Some(Grant {
+            node,
+            feed,
+            context: self.context.clone(),
+            handoff: false,
+            revocable: self.lock.revocable,
+            mark_release: self.lock.lock_delay.is_some(),
+        }))
     }
 
     /// Sends `multi(check anchor exists, create path EPHEMERAL)` until its outcome is known;
@@ -834,6 +870,7 @@ impl OnSession<'_> {
         node: &mut LockNode,
         pipelined: Option<Arc<Listing>>,
         wait: Wait,
+        before: &delay::Before,
     ) -> Result<Turn> {
         let queue = driver.queue();
         let ours = LockChild {
@@ -862,7 +899,21 @@ impl OnSession<'_> {
             listing = self.listing(queue).await?;
         };
         match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
-            Decision::Acquired => return Ok(Turn::Acquired(None)),
+            Decision::Acquired => {
+                if let Some(delay) = self.lock.lock_delay {
+                    if delay::unclean_since_last_release(before) {
+                        if wait == Wait::No {
+                            return Ok(Turn::NotNow);
+                        }
+                        let mut own_watch = self.watch(&node.path);
+                        let now = tokio::time::Instant::now();
+                        if let Some(turn) = self.serve_delay(&node.path, now, delay, &mut own_watch).await? {
+                            return Ok(turn);
+                        }
+                    }
+                }
+                return Ok(Turn::Acquired(None));
+            },
             Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
             Decision::WaitFor(_) => {},
         }
@@ -887,6 +938,8 @@ impl OnSession<'_> {
         let mut own_watch_trusted = true;
         let mut session = self.context.client().state_watcher();
         session.state();
+        // The last predecessor whose deletion we saw, and when (for a lock-delay).
+        let mut last_gone: Option<(String, tokio::time::Instant)> = None;
         loop {
             let predecessor = match view.decide(driver, &ours) {
                 None => return Ok(Turn::NodeGone),
@@ -931,6 +984,19 @@ impl OnSession<'_> {
                             Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
                         }
                     }
+                    if let Some(delay) = self.lock.lock_delay {
+                        let clean = match &last_gone {
+                            Some((gone, _)) => self.released_cleanly(gone).await?,
+                            None => false,
+                        };
+                        if !clean {
+                            let since = last_gone.as_ref().map_or_else(tokio::time::Instant::now, |(_, at)| *at);
+                            if let Some(turn) = self.serve_delay(&node.path, since, delay, &mut own_watch).await? {
+                                view.deleted(&ours);
+                                return Ok(turn);
+                            }
+                        }
+                    }
                     node.view = Some(view);
                     // Handed to the hold, which keeps watching our node with it.
                     return Ok(Turn::Acquired(Some(own_watch)));
@@ -951,7 +1017,10 @@ impl OnSession<'_> {
                     _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
                         match event {
-                            Watched::Deleted => view.deleted(&predecessor),
+                            Watched::Deleted => {
+                                view.deleted(&predecessor);
+                                last_gone = Some((predecessor.name.clone(), tokio::time::Instant::now()));
+                            },
                             Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
                             Watched::Refused(err) => return Err(Error::zk("watch the lock node", &predecessor_path, err)),
                             Watched::Other => {},

@@ -30,15 +30,39 @@ pub(crate) enum Target {
     /// A node whose create reply was lost: the child of `dir` whose name starts with `protection`
     /// and whose ephemeral owner is our session, if there is one.
     Protected { dir: String, protection: String },
+    /// A held node released cleanly, on a lock with a lock-delay: deleted in one `multi` with a
+    /// write of its name as its directory's data — the mark its successor reads (see
+    /// `engine/delay.rs`). Should the `multi` fail, the node is deleted plainly (unmarked: its
+    /// successor then waits the delay, which is only ever conservative).
+    Released { path: String },
 }
 
 impl Target {
     /// The node's path, or its directory when the name is not known.
     fn path(&self) -> &str {
         match self {
-            Target::Path(path) => path,
+            Target::Path(path) | Target::Released { path } => path,
             Target::Protected { dir, .. } => dir,
         }
+    }
+}
+
+/// `multi(setData(<dir>, <name>), delete(<path>))`: a clean release's mark and delete, in one
+/// request (what a plain delete costs). `Err(NoNode)` if the node is gone; a failure of the
+/// mark alone falls back to an unmarked delete.
+async fn marked_delete(client: &zk::Client, path: &str) -> std::result::Result<(), zk::Error> {
+    let Some((dir, name)) = path.rsplit_once('/') else { return client.delete(path, None).await };
+    let dir = if dir.is_empty() { "/" } else { dir };
+    let mut writer = client.new_multi_writer();
+    if writer.add_set_data(dir, name.as_bytes(), None).is_err() || writer.add_delete(path, None).is_err() {
+        return client.delete(path, None).await;
+    }
+    match writer.commit().await {
+        Ok(_) => Ok(()),
+        Err(zk::MultiWriteError::RequestFailed { source }) => Err(source),
+        Err(zk::MultiWriteError::OperationFailed { index: 1, source }) => Err(source),
+        // The mark was refused (the directory's ACL): unmarked, the successor waits the delay.
+        Err(zk::MultiWriteError::OperationFailed { .. }) => client.delete(path, None).await,
     }
 }
 
@@ -155,9 +179,11 @@ impl Cleanup {
         // included).
         self.searches.running.fetch_add(1, Ordering::SeqCst);
         let search = Search(self.searches.clone());
-        let first = match &target {
-            Target::Path(path) => Some(client.delete(path, None)),
-            Target::Protected { .. } => None,
+        let first: Option<FirstDelete> = match &target {
+            Target::Path(path) => Some(Box::pin(client.delete(path, None))),
+            // Sent by the task (the `multi` borrows the client): a release marked for a
+            // lock-delay is not ordered before what the caller sends next.
+            Target::Released { .. } | Target::Protected { .. } => None,
         };
         Some(handle.spawn(async move {
             let _search = search;
@@ -170,18 +196,20 @@ impl Cleanup {
     }
 }
 
+/// A first delete already sent (a plain one, or a clean release's marked one).
+type FirstDelete = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), zk::Error>> + Send>>;
+
 /// Deletes `target`, retrying while the outcome is unknown, until it is gone or the session is
-/// dead. `first` is a delete of the target's path already sent.
-async fn delete_until_gone(
-    client: zk::Client,
-    target: Target,
-    mut first: Option<impl Future<Output = std::result::Result<(), zk::Error>>>,
-) -> Result<()> {
+/// dead. `first` is a delete of the target's path already sent. (A retry of a marked delete is a
+/// plain one.)
+async fn delete_until_gone(client: zk::Client, target: Target, mut first: Option<FirstDelete>) -> Result<()> {
     let mut backoff = Backoff::new();
+    let mut marked = matches!(target, Target::Released { .. });
     loop {
         let result = match (first.take(), &target) {
             (Some(sent), _) => sent.await,
-            (None, Target::Path(path)) => client.delete(path, None).await,
+            (None, Target::Released { path }) if std::mem::take(&mut marked) => marked_delete(&client, path).await,
+            (None, Target::Path(path) | Target::Released { path }) => client.delete(path, None).await,
             (None, Target::Protected { dir, protection }) => match find_protected(&client, dir, protection).await {
                 // Deleted: look again, in case a create of the same attempt was applied late.
                 Ok(Some(found)) => match client.delete(&found.path, None).await {

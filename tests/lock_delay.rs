@@ -1,0 +1,175 @@
+//! Lock-delay (issue 23; Chubby's, Consul's) against a real ZooKeeper: a holder that vanishes
+//! without a clean release — its session closed by the server, its hold lease run out, a Curator
+//! holder (which cannot mark) — makes the next holder wait the delay, measured from the server's
+//! delete; a clean release is not delayed and costs its releaser no request (counted at a proxy);
+//! an acquire that finds the lock free after an unclean loss waits too.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::interop::{curator_available, Holder};
+use common::*;
+use zk_recipes::{InterProcessMutex, LossReason};
+use zk_testcontainers::{op, FaultProxy};
+
+const DELAY: Duration = Duration::from_millis(1500);
+/// Scheduling on a loaded 2-core machine plus a round trip or two.
+const SLACK: Duration = Duration::from_millis(600);
+
+fn delayed(client: zookeeper_client::Client, path: &str) -> InterProcessMutex {
+    InterProcessMutex::builder(client, path).lock_delay(DELAY).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_holders_successor_waits_the_delay_from_the_servers_delete() {
+    init_tracing();
+    let path = unique_path("delay-expired");
+    let (doomed, next) = (client().await, client().await);
+    let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
+    let waiter = delayed(next.clone(), &path);
+    let waiting = tokio::spawn(async move {
+        let granted = waiter.acquire().await.unwrap();
+        (Instant::now(), granted)
+    });
+    eventually(Duration::from_secs(10), "queued", || async { children(&next, &path).await.len() == 2 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let closing = Instant::now();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    let deleted_by = Instant::now();
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    eprintln!(
+        "expired holder: the server closed the session within {:?}; next granted {:?} after",
+        deleted_by - closing,
+        granted_at - closing
+    );
+    // The server deleted the node between `closing` and `deleted_by`: the grant is at least the
+    // delay after the delete.
+    assert!(
+        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        "granted {:?} after the close",
+        granted_at - closing
+    );
+    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    granted.release().await.unwrap();
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_release_is_not_delayed_and_costs_no_request() {
+    let zk = zookeeper().await;
+    let path = unique_path("delay-clean");
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let releaser = zk.connector().connect(&proxy.addr()).await.expect("connect");
+    let next = client().await;
+    let guard = delayed(releaser.clone(), &path).acquire().await.unwrap();
+    let waiter = delayed(next.clone(), &path);
+    let waiting = tokio::spawn(async move {
+        let granted = waiter.acquire().await.unwrap();
+        (Instant::now(), granted)
+    });
+    eventually(Duration::from_secs(10), "queued", || async { children(&next, &path).await.len() == 2 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent_before = proxy.requests();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let sent_after = proxy.requests();
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    assert!(
+        granted_at - released < DELAY / 2,
+        "a clean release delayed the next holder by {:?}",
+        granted_at - released
+    );
+    // The release is one request (a `multi`: the mark and the delete), as a plain delete would be.
+    let count = |requests: &std::collections::BTreeMap<i32, u64>, code: i32| requests.get(&code).copied().unwrap_or(0);
+    let total = |requests: &std::collections::BTreeMap<i32, u64>| requests.values().sum::<u64>();
+    let pings = count(&sent_after, op::PING) - count(&sent_before, op::PING);
+    assert_eq!(total(&sent_after) - total(&sent_before) - pings, 1, "{sent_before:?} → {sent_after:?}");
+    assert_eq!(count(&sent_after, op::MULTI) - count(&sent_before, op::MULTI), 1);
+    assert_eq!(count(&sent_after, op::DELETE), count(&sent_before, op::DELETE));
+    granted.release().await.unwrap();
+    // Found free after a clean release: not delayed either.
+    let started = Instant::now();
+    let again = delayed(next.clone(), &path).acquire().await.unwrap();
+    assert!(started.elapsed() < DELAY / 2, "an acquire after a clean release waited {:?}", started.elapsed());
+    again.release().await.unwrap();
+    assert_no_nodes_left_while_open(&next, &path, &[next.clone(), releaser.clone()], Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_finding_the_lock_free_after_an_unclean_loss_waits() {
+    let path = unique_path("delay-free");
+    let (doomed, later) = (client().await, client().await);
+    let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    let started = Instant::now();
+    let mutex = delayed(later.clone(), &path);
+    // try_acquire does not wait: the lock is not available now.
+    assert!(mutex.try_acquire().await.unwrap().is_none());
+    let granted = mutex.acquire().await.unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= DELAY, "found free {waited:?} after an unclean loss");
+    assert_within(waited, DELAY + SLACK, "waited the delay, from when it looked");
+    granted.release().await.unwrap();
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lease_ran_out_counts_as_unclean() {
+    let path = unique_path("delay-lease");
+    let (holder, next) = (client().await, client().await);
+    let lease = Duration::from_millis(600);
+    let guard = InterProcessMutex::builder(holder.clone(), &path).lock_delay(DELAY).lease(lease).build().unwrap();
+    let guard = guard.acquire().await.unwrap();
+    let waiter = delayed(next.clone(), &path);
+    let waiting = tokio::spawn(async move {
+        let granted = waiter.acquire().await.unwrap();
+        (Instant::now(), granted)
+    });
+    let reason = tokio::time::timeout(lease + SLACK * 2, guard.lost()).await.expect("told");
+    let told = Instant::now();
+    assert_eq!(reason, LossReason::LeaseExpired);
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    // The library's delete follows the telling; the grant is the delay after that delete.
+    assert!(
+        granted_at - told >= DELAY - Duration::from_millis(100),
+        "granted {:?} after the lease ran out",
+        granted_at - told
+    );
+    granted.release().await.unwrap();
+    drop(guard);
+    assert_no_nodes_left_while_open(&next, &path, &[next.clone(), holder.clone()], Duration::from_secs(10)).await;
+}
+
+/// Curator's `InterProcessMutex` cannot mark its release: its successor of ours waits the delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_predecessors_release_counts_as_unclean() {
+    if !curator_available() {
+        return;
+    }
+    let path = unique_path("delay-curator");
+    let mut curator = Holder::curator(
+        zookeeper().await.connect_string(),
+        &path,
+        Duration::from_secs(60),
+        Duration::from_millis(1000),
+    );
+    curator.expect("CONNECTED").await;
+    curator.expect("ACQUIRED").await;
+    let ours = delayed(client().await, &path);
+    let waiting = tokio::spawn(async move {
+        let granted = ours.acquire().await.unwrap();
+        (Instant::now(), granted)
+    });
+    curator.expect("RELEASING").await;
+    let released = curator.expect("RELEASED").await;
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    assert!(
+        granted_at - released >= DELAY - Duration::from_millis(100),
+        "granted {:?} after Curator's release",
+        granted_at - released
+    );
+    assert_within(granted_at - released, DELAY + SLACK, "granted within the slack of the delay");
+    granted.release().await.unwrap();
+    curator.finish().await;
+}
