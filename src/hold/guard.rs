@@ -224,6 +224,11 @@ impl LockGuard {
     /// then the node is deleted, so the next waiter gets the lock. All guards of a hold (re-entry)
     /// share its lease.
     ///
+    /// A fenced write is checked against the lease when it is sent: one sent before the lease ran
+    /// out may still be applied after `lost()` resolved (the library's delete of the node is sent
+    /// after it on the same session, so no later holder's write comes between). Sizes above about
+    /// 30 years are taken as 30 years.
+    ///
     /// How it differs from the session timeout: the session outlives a stuck task (its heartbeats
     /// come from the client, not from your code), so a holder that hangs or forgets its guard
     /// keeps the lock for ever; a lease bounds that. It is measured by this process, on the same

@@ -64,11 +64,31 @@ pub(crate) struct Hold {
 #[derive(Debug)]
 struct HoldLease {
     /// When it runs out, on the session's clock (`SessionClock`: it counts a suspended machine's
-    /// sleep, as the loss deadline does).
-    until: Mutex<Instant>,
+    /// sleep, as the loss deadline does), and whether it was seen run out — final: from then on
+    /// no `extend` moves it (read and written under this lock, so a hold once read
+    /// `Lost(LeaseExpired)` never reads `Held` again).
+    until: Mutex<LeaseEnd>,
     /// Told when `until` moves (an `extend`).
     moved: Notify,
 }
+
+#[derive(Debug)]
+struct LeaseEnd {
+    until: Instant,
+    ran_out: bool,
+}
+
+impl LeaseEnd {
+    /// Whether the lease has run out at `now`; once it has, for good.
+    fn ran_out(&mut self, now: Instant) -> bool {
+        self.ran_out |= now >= self.until;
+        self.ran_out
+    }
+}
+
+/// The longest lease taken as given (a longer one is this long: `Instant` arithmetic must not
+/// overflow); about 30 years.
+const MAX_LEASE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 
 #[derive(Debug, Default)]
 struct Life {
@@ -109,7 +129,7 @@ impl Hold {
     /// Whether the hold's lease has run out by the session's clock (its timer may not have run
     /// yet).
     fn lease_ran_out(&self) -> bool {
-        self.lease.get().is_some_and(|lease| self.context.session.now() >= *lock(&lease.until))
+        self.lease.get().is_some_and(|lease| lock(&lease.until).ran_out(self.context.session.now()))
     }
 
     /// What this process knows about the hold now (re-evaluated by the session monitor): its own
@@ -323,19 +343,34 @@ impl Holds {
     /// Fails with `LockLost` if the hold is already lost or ended (a lease cannot revive it).
     pub(crate) fn lease(self: &Arc<Self>, hold: &Arc<Hold>, duration: Duration) -> Result<()> {
         hold.check_live()?;
-        let until = hold.context.session.now() + duration;
+        let duration = duration.min(MAX_LEASE);
         let mut first = false;
         let lease = hold.lease.get_or_init(|| {
             first = true;
-            Arc::new(HoldLease { until: Mutex::new(until), moved: Notify::new() })
+            let until = hold.context.session.now() + duration;
+            Arc::new(HoldLease { until: Mutex::new(LeaseEnd { until, ran_out: false }), moved: Notify::new() })
         });
-        *lock(&lease.until) = until;
+        {
+            // Checked and moved in one step: a lease seen run out is never moved.
+            let mut end = lock(&lease.until);
+            let now = hold.context.session.now();
+            if end.ran_out(now) {
+                return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason: LossReason::LeaseExpired });
+            }
+            end.until = now + duration;
+        }
         lease.moved.notify_one();
         if first {
             let runtime = tokio::runtime::Handle::try_current().ok().or_else(|| hold.context.cleanup.runtime());
             match runtime {
+                // Spawned from a thread of the blocking pool: a task spawned from inside the
+                // holder's task would sit in its worker's slot that no other worker steals from,
+                // and a holder that then blocks its thread (the hung holder a lease is for) would
+                // keep its timer from ever running.
                 Some(runtime) => {
-                    runtime.spawn(lease_timer(Arc::downgrade(self), Arc::downgrade(hold), lease.clone()));
+                    let timer = lease_timer(Arc::downgrade(self), Arc::downgrade(hold), lease.clone());
+                    let spawner = runtime.clone();
+                    drop(runtime.spawn_blocking(move || drop(spawner.spawn(timer))));
                 },
                 // Its state still reads `Lost(LeaseExpired)` once it runs out; the node goes when
                 // the guards do.
@@ -402,8 +437,10 @@ async fn lease_timer(holds: Weak<Holds>, hold: Weak<Hold>, lease: Arc<HoldLease>
                 return;
             }
             let now = hold.context.session.now();
-            let until = *lock(&lease.until);
-            if now >= until {
+            let mut end = lock(&lease.until);
+            let until = end.until;
+            if end.ran_out(now) {
+                drop(end);
                 if let Some(holds) = holds.upgrade() {
                     holds.expire(&hold);
                 }

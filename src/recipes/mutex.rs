@@ -289,7 +289,8 @@ impl InterProcessMutex {
     /// Waits until the lock is held, with a hold lease of `lease` (Redisson's `lock(leaseTime)`):
     /// unless [`extend`](LockGuard::extend)ed, the hold ends `Lost(LeaseExpired)` `lease` after the
     /// grant and the library releases the lock (see [`MutexBuilder::lease`]). Overrides the
-    /// builder's lease for this acquire; a re-entry keeps the hold's lease.
+    /// builder's lease for this acquire; a re-entry moves the end of the hold's lease (all guards
+    /// of a hold share one) to `lease` from now, or gives the hold one.
     ///
     /// Cancel safe, like [`acquire`](Self::acquire).
     ///
@@ -353,6 +354,10 @@ impl InterProcessMutex {
         if let Some(hold) = scope_hold(&self.inner.holds) {
             if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
                 metrics::acquire(self.inner.recipe, Outcome::Reentered, started.elapsed());
+                // A lease asked for on re-entry moves the hold's lease (shared by its guards).
+                if let Some(lease) = lease {
+                    guard.extend(lease)?;
+                }
                 return Ok(Some(guard));
             }
         }
