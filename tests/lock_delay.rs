@@ -173,3 +173,56 @@ async fn a_curator_predecessors_release_counts_as_unclean() {
     granted.release().await.unwrap();
     curator.finish().await;
 }
+
+/// A missing lock directory counts as unclean: the server reaps an empty container, so a
+/// directory left empty by an unclean loss could vanish before the next acquire (review G). A lock
+/// with a delay creates its directory persistent, so only the first acquire on a new path pays
+/// the delay; a directory deleted anyway (reaped, or by hand) is delayed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_directory_counts_as_unclean_and_the_directory_is_kept() {
+    let path = unique_path("delay-dir");
+    let (first, admin) = (client().await, client().await);
+    let started = Instant::now();
+    let guard = delayed(first.clone(), &path).acquire().await.unwrap();
+    assert!(started.elapsed() >= DELAY, "the first acquire on a new path waited only {:?}", started.elapsed());
+    let stat = admin.check_stat(&path).await.unwrap().expect("the lock directory");
+    assert_eq!(stat.ephemeral_owner, 0, "the directory of a lock with a delay is persistent, not a container");
+    guard.release().await.unwrap();
+    // Kept, and a clean release leaves no delay behind.
+    let started = Instant::now();
+    delayed(first.clone(), &path).acquire().await.unwrap().release().await.unwrap();
+    assert!(started.elapsed() < DELAY / 2, "waited {:?} after a clean release", started.elapsed());
+    // An unclean loss, then the directory gone (as a reaped container would be): still delayed.
+    let doomed = client().await;
+    let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    admin.delete(&path, None).await.unwrap();
+    let started = Instant::now();
+    delayed(first.clone(), &path).acquire().await.unwrap().release().await.unwrap();
+    assert!(
+        started.elapsed() >= DELAY,
+        "granted {:?} after an unclean loss and a vanished directory",
+        started.elapsed()
+    );
+    drop(guard);
+}
+
+/// With several holders at once one clean release proves nothing about the others (review G):
+/// the read/write lock and the semaphores refuse a lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_locks_refuse_a_lock_delay() {
+    let client = client().await;
+    let path = unique_path("delay-shared");
+    assert!(matches!(
+        zk_recipes::InterProcessReadWriteLock::builder(client.clone(), &path).lock_delay(DELAY).build(),
+        Err(zk_recipes::Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        zk_recipes::InterProcessSemaphoreV2::builder(client.clone(), &path).lock_delay(DELAY).build(2),
+        Err(zk_recipes::Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        zk_recipes::InterProcessSemaphoreMutex::builder(client.clone(), &path).lock_delay(DELAY).build(),
+        Err(zk_recipes::Error::InvalidArgument { .. })
+    ));
+}

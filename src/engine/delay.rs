@@ -30,7 +30,14 @@
 //! children was a clean release. If `pzxid` is later, children came and went since: with none
 //! left ahead of ours, at least one node was deleted without a mark — an unclean loss, or a waiter
 //! that gave up (indistinguishable here) — and the acquire waits `delay` from now (it cannot know
-//! when that was). A directory that does not exist yet, or never had a child, needs no delay.
+//! when that was). A directory that does not exist counts as unclean too: it may have been
+//! reaped by the server (a container, left empty by an unclean loss) — so a lock with a delay
+//! creates its directory *persistent* (never reaped), and only the first acquire on a new path
+//! pays the delay. The directory's data is the mark's: nothing else may write it.
+//!
+//! Only exclusive locks take a lock-delay (a mutex, leader election): with several holders at
+//! once (readers, leases) one holder's clean release proves nothing about another's, so the
+//! read/write lock and the semaphores refuse it.
 //! `try_acquire` does not wait: the lock is not available now.
 
 use std::time::Duration;
@@ -50,7 +57,11 @@ pub(super) type Before = Option<std::result::Result<(Vec<u8>, zk::Stat), zk::Err
 /// since the last clean release (module docs, *An acquire that finds the lock free*).
 pub(super) fn unclean_since_last_release(before: &Before) -> bool {
     match before {
-        None | Some(Err(zk::Error::NoNode)) => false,
+        None => false,
+        // Missing: never used — or reaped by the server (a container) once an unclean loss left
+        // it empty, which cannot be told apart. Conservative: the first acquire on a new path
+        // waits the delay once (the directory is then created persistent, and stays).
+        Some(Err(zk::Error::NoNode)) => true,
         Some(Ok((_, stat))) => stat.pzxid > stat.mzxid,
         // Unreadable: conservative.
         Some(Err(_)) => true,

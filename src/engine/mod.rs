@@ -807,9 +807,13 @@ impl OnSession<'_> {
     ) -> Result<CreateFuture<'f>> {
         let client = self.context.client();
         let container = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.lock.acls));
+        // A lock with a lock-delay keeps its directory: a reaped one could hide an unclean loss
+        // (`delay.rs`).
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&self.lock.acls));
         let mut writer = client.new_multi_writer();
         for level in levels {
-            writer.add_create(level, &[], &container).map_err(|err| Error::zk("create the lock path", level, err))?;
+            let mode = if self.lock.lock_delay.is_some() && *level == self.lock.dir { &persistent } else { &container };
+            writer.add_create(level, &[], mode).map_err(|err| Error::zk("create the lock path", level, err))?;
         }
         writer
             .add_create(prefix, &self.lock.node_data, options)

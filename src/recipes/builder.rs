@@ -181,6 +181,20 @@ impl<R> LockBuilder<R> {
         self
     }
 
+    /// Fails for a recipe whose locks are shared (a read/write lock's readers, a semaphore's
+    /// leases): a lock-delay's clean-release mark proves nothing about the other holders.
+    pub(crate) fn refuse_lock_delay(&self, recipe: &str) -> Result<()> {
+        match self.lock_delay {
+            Some(_) => Err(Error::InvalidArgument {
+                path: self.path.clone(),
+                reason: format!(
+                    "a lock-delay applies to exclusive locks (InterProcessMutex, leader election), not to {recipe}: its holders are several at once"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The path as given.
     pub(crate) fn path(&self) -> &str {
         &self.path
@@ -219,7 +233,10 @@ impl<R> LockBuilder<R> {
     /// for up to `delay`. A clean release is marked in the same request as the delete (a `multi`
     /// writing the node's name as the lock directory's data), so it costs no request and is
     /// never delayed. Every user of the path should set the same delay; Curator's and kazoo's
-    /// releases cannot mark and count as unclean. See the README's *Lock-delay*. Default: none.
+    /// releases cannot mark and count as unclean. Exclusive locks only (a mutex, leader
+    /// election): a read/write lock's and a semaphore's `build` refuse it. The lock directory is
+    /// created persistent and its data is reserved for the mark; the first acquire on a new path
+    /// waits the delay once. See the README's *Lock-delay*. Default: none.
     pub fn lock_delay(mut self, delay: Duration) -> LockBuilder<R> {
         self.lock_delay = Some(delay);
         self
