@@ -2,7 +2,8 @@
 //! without a clean release — its session closed by the server, its hold lease run out, a Curator
 //! holder (which cannot mark) — makes the next holder wait the delay, measured from the server's
 //! delete; a clean release is not delayed and costs its releaser no request (counted at a proxy);
-//! an acquire that finds the lock free after an unclean loss waits too.
+//! an acquire that finds the lock free after an unclean loss waits too; the read/write lock and
+//! the semaphore take it too (a writer after a reader's unclean loss, a lease freed by one).
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::interop::{curator_available, Holder};
 use common::*;
-use zk_recipes::{InterProcessMutex, LossReason};
+use zk_recipes::{InterProcessMutex, InterProcessReadWriteLock, InterProcessSemaphoreV2, LossReason};
 use zk_testcontainers::{op, FaultProxy};
 
 const DELAY: Duration = Duration::from_millis(1500);
@@ -26,6 +27,7 @@ async fn an_expired_holders_successor_waits_the_delay_from_the_servers_delete() 
     init_tracing();
     let path = unique_path("delay-expired");
     let (doomed, next) = (client().await, client().await);
+    warm_up(&next, &path).await;
     let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
     let waiter = delayed(next.clone(), &path);
     let waiting = tokio::spawn(async move {
@@ -100,6 +102,7 @@ async fn a_clean_release_is_not_delayed_and_costs_no_request() {
 async fn an_acquire_finding_the_lock_free_after_an_unclean_loss_waits() {
     let path = unique_path("delay-free");
     let (doomed, later) = (client().await, client().await);
+    warm_up(&later, &path).await;
     let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
     zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
     let started = Instant::now();
@@ -118,6 +121,7 @@ async fn an_acquire_finding_the_lock_free_after_an_unclean_loss_waits() {
 async fn a_holder_whose_lease_ran_out_counts_as_unclean() {
     let path = unique_path("delay-lease");
     let (holder, next) = (client().await, client().await);
+    warm_up(&next, &path).await;
     let lease = Duration::from_millis(600);
     let guard = InterProcessMutex::builder(holder.clone(), &path).lock_delay(DELAY).lease(lease).build().unwrap();
     let guard = guard.acquire().await.unwrap();
@@ -148,6 +152,8 @@ async fn a_curator_predecessors_release_counts_as_unclean() {
         return;
     }
     let path = unique_path("delay-curator");
+    let ours = client().await;
+    warm_up(&ours, &path).await;
     let mut curator = Holder::curator(
         zookeeper().await.connect_string(),
         &path,
@@ -156,7 +162,7 @@ async fn a_curator_predecessors_release_counts_as_unclean() {
     );
     curator.expect("CONNECTED").await;
     curator.expect("ACQUIRED").await;
-    let ours = delayed(client().await, &path);
+    let ours = delayed(ours, &path);
     let waiting = tokio::spawn(async move {
         let granted = ours.acquire().await.unwrap();
         (Instant::now(), granted)
@@ -207,22 +213,150 @@ async fn a_missing_directory_counts_as_unclean_and_the_directory_is_kept() {
     drop(guard);
 }
 
-/// With several holders at once one clean release proves nothing about the others (review G):
-/// the read/write lock and the semaphores refuse a lock-delay.
+fn rw(client: zookeeper_client::Client, path: &str) -> InterProcessReadWriteLock {
+    InterProcessReadWriteLock::builder(client, path).lock_delay(DELAY).build().unwrap()
+}
+
+/// Takes and cleanly releases the lock once: the first acquire on a new path pays the delay (no
+/// mark yet), and its clean release leaves a mark that later grants can rest on — without it a
+/// test of an unclean loss would pass on the missing mark alone.
+async fn warm_up(client: &zookeeper_client::Client, path: &str) {
+    delayed(client.clone(), path).acquire().await.unwrap().release().await.unwrap();
+}
+
+/// Spawns an acquire of `mutex` and stamps the instant it is granted.
+fn stamped(mutex: InterProcessMutex) -> tokio::task::JoinHandle<(Instant, zk_recipes::LockGuard)> {
+    tokio::spawn(async move {
+        let granted = mutex.acquire().await.unwrap();
+        (Instant::now(), granted)
+    })
+}
+
+/// Spawns an acquire of one lease and stamps the instant it is granted.
+fn stamped_lease(semaphore: InterProcessSemaphoreV2) -> tokio::task::JoinHandle<(Instant, zk_recipes::Lease)> {
+    tokio::spawn(async move {
+        let granted = semaphore.acquire().await.unwrap();
+        (Instant::now(), granted)
+    })
+}
+
+/// A read/write lock with a delay: a writer queued behind two readers, one of whose sessions the
+/// server closes, is granted the delay after that delete even though the other reader releases
+/// cleanly first; readers and writers handed the lock by clean releases (readers released
+/// together, whose marks overwrite each other) are not delayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_locks_refuse_a_lock_delay() {
-    let client = client().await;
-    let path = unique_path("delay-shared");
-    assert!(matches!(
-        zk_recipes::InterProcessReadWriteLock::builder(client.clone(), &path).lock_delay(DELAY).build(),
-        Err(zk_recipes::Error::InvalidArgument { .. })
-    ));
-    assert!(matches!(
-        zk_recipes::InterProcessSemaphoreV2::builder(client.clone(), &path).lock_delay(DELAY).build(2),
-        Err(zk_recipes::Error::InvalidArgument { .. })
-    ));
-    assert!(matches!(
-        zk_recipes::InterProcessSemaphoreMutex::builder(client.clone(), &path).lock_delay(DELAY).build(),
-        Err(zk_recipes::Error::InvalidArgument { .. })
-    ));
+async fn a_read_write_lock_delays_a_writer_after_a_readers_unclean_loss() {
+    let path = unique_path("delay-rw");
+    let (warm, doomed, reader, writer) = (client().await, client().await, client().await, client().await);
+    // The first acquire on a new path pays the delay; a clean release then vouches for it.
+    rw(warm.clone(), &path).write_lock().acquire().await.unwrap().release().await.unwrap();
+
+    // Clean releases only: two readers, then a writer queued behind them, released together.
+    let (r1, r2) = (rw(doomed.clone(), &path).read_lock(), rw(reader.clone(), &path).read_lock());
+    let started = Instant::now();
+    let (g1, g2) = (r1.acquire().await.unwrap(), r2.acquire().await.unwrap());
+    assert!(started.elapsed() < DELAY / 2, "readers after a clean release waited {:?}", started.elapsed());
+    let waiting = stamped(rw(writer.clone(), &path).write_lock());
+    eventually(Duration::from_secs(10), "queued", || async { children(&writer, &path).await.len() == 3 }).await;
+    let released = Instant::now();
+    let (a, b) = tokio::join!(g1.release(), g2.release());
+    a.unwrap();
+    b.unwrap();
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    assert!(granted_at - released < DELAY / 2, "a writer after clean read releases waited {:?}", granted_at - released);
+    let waiting = stamped(rw(reader.clone(), &path).read_lock());
+    eventually(Duration::from_secs(10), "queued", || async { children(&writer, &path).await.len() == 2 }).await;
+    let released = Instant::now();
+    granted.release().await.unwrap();
+    let (granted_at, read) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    assert!(
+        granted_at - released < DELAY / 2,
+        "a reader after a clean write release waited {:?}",
+        granted_at - released
+    );
+    read.release().await.unwrap();
+
+    // One reader lost uncleanly while the other releases cleanly: the writer waits.
+    let g1 = rw(doomed.clone(), &path).read_lock().acquire().await.unwrap();
+    let g2 = rw(reader.clone(), &path).read_lock().acquire().await.unwrap();
+    let waiting = stamped(rw(writer.clone(), &path).write_lock());
+    eventually(Duration::from_secs(10), "queued", || async { children(&writer, &path).await.len() == 3 }).await;
+    let closing = Instant::now();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    let deleted_by = Instant::now();
+    g2.release().await.unwrap();
+    let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    eprintln!("reader lost: writer granted {:?} after the close", granted_at - closing);
+    assert!(
+        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        "a writer granted {:?} after a reader's unclean loss",
+        granted_at - closing
+    );
+    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    granted.release().await.unwrap();
+    drop(g1);
+    assert_no_nodes_left_while_open(
+        &writer,
+        &path,
+        &[writer.clone(), reader.clone(), warm.clone()],
+        Duration::from_secs(10),
+    )
+    .await;
+}
+
+/// A semaphore with a delay: with the pool full, a lease whose session the server closes makes
+/// room only the delay after that delete; a lease returned cleanly hands over at once and costs its
+/// releaser one request (the marked delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_delays_the_lease_freed_by_an_unclean_loss() {
+    let zk = zookeeper().await;
+    let path = unique_path("delay-sem");
+    let proxy = FaultProxy::start(zk.connect_string()).await.expect("proxy");
+    let releaser = zk.connector().connect(&proxy.addr()).await.expect("connect");
+    let (doomed, next) = (client().await, client().await);
+    let semaphore = |client: &zookeeper_client::Client| {
+        InterProcessSemaphoreV2::builder(client.clone(), &path).lock_delay(DELAY).build(2).unwrap()
+    };
+    // The first acquire on a new path pays the delay; a clean release then vouches for it.
+    semaphore(&next).acquire().await.unwrap().release().await.unwrap();
+    let leases = format!("{path}/leases");
+
+    // Clean: the pool full, a lease returned; the waiter is granted at once.
+    let kept = semaphore(&doomed).acquire().await.unwrap();
+    let started = Instant::now();
+    let returned = semaphore(&releaser).acquire().await.unwrap();
+    assert!(started.elapsed() < DELAY / 2, "a lease after a clean release waited {:?}", started.elapsed());
+    let waiting = stamped_lease(semaphore(&next));
+    eventually(Duration::from_secs(10), "queued", || async { children(&next, &leases).await.len() == 3 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent_before = proxy.requests();
+    let released = Instant::now();
+    returned.release().await.unwrap();
+    let sent_after = proxy.requests();
+    let (granted_at, lease) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    assert!(granted_at - released < DELAY / 2, "a lease after a clean return waited {:?}", granted_at - released);
+    let count = |requests: &std::collections::BTreeMap<i32, u64>, code: i32| requests.get(&code).copied().unwrap_or(0);
+    let total = |requests: &std::collections::BTreeMap<i32, u64>| requests.values().sum::<u64>();
+    let pings = count(&sent_after, op::PING) - count(&sent_before, op::PING);
+    assert_eq!(total(&sent_after) - total(&sent_before) - pings, 1, "{sent_before:?} → {sent_after:?}");
+    assert_eq!(count(&sent_after, op::MULTI) - count(&sent_before, op::MULTI), 1);
+
+    // Unclean: the pool full again, the doomed lease's session closed by the server.
+    let waiting = stamped_lease(semaphore(&releaser));
+    eventually(Duration::from_secs(10), "queued", || async { children(&next, &leases).await.len() == 3 }).await;
+    let closing = Instant::now();
+    zk_testcontainers::expire_session(zk.connect_string(), &doomed).await.unwrap();
+    let deleted_by = Instant::now();
+    let (granted_at, second) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
+    eprintln!("lease lost: waiter granted {:?} after the close", granted_at - closing);
+    assert!(
+        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        "a lease granted {:?} after an unclean loss",
+        granted_at - closing
+    );
+    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    drop(kept);
+    lease.release().await.unwrap();
+    second.release().await.unwrap();
+    assert_no_nodes_left_while_open(&next, &leases, &[next.clone(), releaser.clone()], Duration::from_secs(10)).await;
 }

@@ -1,43 +1,73 @@
 //! Lock-delay (Chubby's, Consul's; `LockBuilder::lock_delay`): when a holder's node disappears
-//! without a clean release, the next holder is granted only `delay` later.
+//! without a clean release, no hold of the lock is granted until `delay` after it.
 //!
-//! # Marking a clean release
+//! # Counting deletions without a mark
 //! A hold of a lock with a lock-delay that ends cleanly — released by its owner, or a latch
-//! closed — deletes its node in one `multi` with a write of the node's name as the lock
-//! directory's data (`session/cleanup.rs`, `Target::Released`): one request, as a plain delete.
-//! Everything else deletes without the mark: an expired or closed session (the server deletes the
-//! node), an operator's delete, a hold whose lease ran out (the library released it for a holder
-//! that may still be running), and Curator's and kazoo's releases, which know nothing of it.
+//! closed — deletes its node in one `multi` with a write of the lock directory's data
+//! (`session/cleanup.rs`, `Target::Released`): one request, as a plain delete. Everything else
+//! deletes without that write: an expired or closed session (the server deletes the node), an
+//! operator's delete, a hold whose lease ran out (the library released it for a holder that may
+//! still be running), a waiter that gave up, and Curator's and kazoo's releases, which know
+//! nothing of it. The directory's stat counts both, and no client can rewrite either count:
+//! - `version` is the number of writes of its data. Nothing but a clean release writes it (the
+//!   directory's data is the lock-delay's: documented), so it counts clean releases.
+//! - The server keeps the number of children ever created and reports `cversion` as creates plus
+//!   deletes (`2 × creates − numChildren`: ZooKeeper's `DataNode.copyStat`), so
+//!   `deletes = (cversion + numChildren) / 2 − numChildren`.
 //!
-//! # The waiter's rule
-//! A waiter granted because the node it watched (its predecessor) was deleted reads the lock
-//! directory's data (one read, only on such locks): if it names that node, the release was clean
-//! and the grant stands; otherwise it waits `delay` from the moment it saw the deletion, watching
-//! its own node, then takes the lock.
-//! - *A mark names the node it was written for*: node names are unique (GUIDs), and the mark and
-//!   the delete are one transaction, so a directory naming `P` means `P` was released cleanly.
-//! - *Nobody overwrites it before we read it*: marks are written only by clean releases of granted
-//!   holds; once we are granted no node ahead of ours is left, and no node behind ours can have
-//!   been granted. (A waiter that gives up deletes its node unmarked; it was never a holder.)
-//! - *Conservative everywhere else*: an unreadable directory, or a grant not preceded by a
-//!   deletion we saw, counts as unclean. A delay is never skipped for an unclean release; a clean
-//!   one is delayed only if its mark cannot be read.
+//! So [`unmarked`]`(stat) = deletes − version` counts the children of this directory ever deleted
+//! without a mark, in the order the server applied them. It only grows, and it counts every
+//! unclean end of a hold: a waiter that gave up is counted too, which is only conservative. (Both
+//! counts are 32-bit on the server; the sequence counter's end — `naming`, *The counter's end* —
+//! comes first. A directory deleted and created again starts from zero: its `czxid` tells them
+//! apart.)
 //!
-//! # An acquire that finds the lock free
-//! It reads the directory's stat in the same round trip as its create (sent before it). A clean
-//! release's mark and delete share one transaction id, so the directory's `mzxid` (its data's
-//! last write) equals its `pzxid` (its children's last change) when the last change of its
-//! children was a clean release. If `pzxid` is later, children came and went since: with none
-//! left ahead of ours, at least one node was deleted without a mark — an unclean loss, or a waiter
-//! that gave up (indistinguishable here) — and the acquire waits `delay` from now (it cannot know
-//! when that was). A directory that does not exist counts as unclean too: it may have been
-//! reaped by the server (a container, left empty by an unclean loss) — so a lock with a delay
-//! creates its directory *persistent* (never reaped), and only the first acquire on a new path
-//! pays the delay. The directory's data is the mark's: nothing else may write it.
+//! # Served marks
+//! What a clean release writes is a number `m`, its *served mark*, with this claim:
 //!
-//! Only exclusive locks take a lock-delay (a mutex, leader election): with several holders at
-//! once (readers, leases) one holder's clean release proves nothing about another's, so the
-//! read/write lock and the semaphores refuse it.
+//! **S(m)**: each of the first `m` deletions without a mark in this directory happened at least
+//! `delay` ago.
+//!
+//! Time only moves forward, so once S(m) holds it holds for good, and S(m) implies S(k) for k ≤ m:
+//! an old mark is still true, only weaker. A hold writes the served mark it established at its
+//! grant (below), so every mark a directory holds satisfies S — even one overwritten by an older
+//! one (concurrent releases of a shared lock), which only makes later grants wait more.
+//!
+//! # The grant rule
+//! Every grant of a lock with a lock-delay (all recipes: the mutex, leader election, the
+//! read/write lock's both modes, the semaphores' leases) first takes:
+//! - `s`, the directory's stat from a listing taken **on our session, after the deletions the grant
+//!   rests on**: the listing that decides the grant — the one pipelined behind our create, or, for
+//!   a waiter granted from the shared view (whose events may come from other sessions, through
+//!   other servers), a listing taken then, which must itself show the grant (a server that has not
+//!   applied the deletion yet shows the node, and we wait for it on our session). Any node whose
+//!   presence would have kept us waiting — any holder our grant conflicts with — is absent from
+//!   that listing, so its deletion is counted in `unmarked(s)`.
+//! - `m`, the largest served mark read from this directory instance (same `czxid`): the data read
+//!   before our create, in its round trip, and for a waiter the data read with the listing.
+//!
+//! If `unmarked(s) ≤ m`, every deletion without a mark counted in `s` is one of the first `m`: by
+//! S(m) each happened at least `delay` ago, and the grant stands; its served mark is `m`.
+//! Otherwise each of them happened before the server answered `s`, so before we received it: the
+//! grant waits `delay` from then (watching our node), after which S(unmarked(s)) holds — its served
+//! mark. A directory that was missing, an unreadable or foreign mark, or counts that do not add up
+//! (someone else wrote the data) give no `m`: the grant waits.
+//!
+//! A deletion we count but that our grant does not conflict with (a waiter behind us, a reader
+//! beside us) costs a wait, never safety. What the rule cannot see is a deletion after `s` of a
+//! node our grant does not wait for — by definition not a holder we exclude.
+//!
+//! # What it costs
+//! - A clean release: nothing (a `multi` instead of a delete, one request either way).
+//! - An acquire: one read of the directory's data in the round trip of its create; a waiter
+//!   granted after a handoff lists the directory and reads its data (one round trip, as a grant
+//!   confirmed by a listing); a semaphore lists with its stat where it listed without.
+//! - After any deletion without a mark — a waiter giving up included — the next grant waits the
+//!   delay, once (then its mark covers it). A directory that does not exist counts as unclean: it
+//!   may have been reaped by the server (a container, left empty by an unclean loss), so a lock
+//!   with a delay creates its directory *persistent* (never reaped), and only the first acquire on
+//!   a new path pays the delay.
+//!
 //! `try_acquire` does not wait: the lock is not available now.
 
 use std::time::Duration;
@@ -45,56 +75,119 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use super::driver::{Decision, LockDriver};
+use super::naming::LockChild;
 use super::{OnSession, Turn};
+use crate::engine::listing::Listing;
 use crate::error::{session_dead, Error, Result};
-use crate::session::cleanup::retry_unknown;
+use crate::session::cleanup::{mark_of, retry_unknown};
 use crate::session::watch::{NodeWatch, Watched};
 
 /// The lock directory's data and stat read before our create, if the lock has a lock-delay.
 pub(super) type Before = Option<std::result::Result<(Vec<u8>, zk::Stat), zk::Error>>;
 
-/// Whether the directory, read before our create (`before`), shows a node deleted without a mark
-/// since the last clean release (module docs, *An acquire that finds the lock free*).
-pub(super) fn unclean_since_last_release(before: &Before) -> bool {
-    match before {
-        None => false,
-        // Missing: never used — or reaped by the server (a container) once an unclean loss left
-        // it empty, which cannot be told apart. Conservative: the first acquire on a new path
-        // waits the delay once (the directory is then created persistent, and stays).
-        Some(Err(zk::Error::NoNode)) => true,
-        Some(Ok((_, stat))) => stat.pzxid > stat.mzxid,
-        // Unreadable: conservative.
-        Some(Err(_)) => true,
+/// How many children of the directory were ever deleted without a mark (module docs, *Counting
+/// deletions without a mark*); `None` if the counts do not add up.
+pub(super) fn unmarked(stat: &zk::Stat) -> Option<u32> {
+    let children = u32::try_from(stat.num_children).ok()?;
+    // 2 × creates − children, in the server's 32-bit arithmetic: creates stay below 2^31.
+    let creates = (stat.cversion as u32).wrapping_add(children) / 2;
+    let deletes = creates.checked_sub(children)?;
+    deletes.checked_sub(u32::try_from(stat.version).ok()?)
+}
+
+/// What a grant must do before it stands (module docs, *The grant rule*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Every deletion without a mark it counts is served: the grant stands, with this mark.
+    Stands(u32),
+    /// Wait `delay` from now; then the grant stands with this served mark (`None`: the counts
+    /// could not be read, and the grant writes no mark).
+    Wait(Option<u32>),
+}
+
+/// The grant rule for `counted` (the deciding listing's stat) and the marks read from the
+/// directory (with the stat each was read with).
+pub(super) fn verdict<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>) -> Verdict {
+    let Some(unmarked) = unmarked(counted) else { return Verdict::Wait(None) };
+    let served = marks
+        .into_iter()
+        // Only marks of this directory instance count (a directory created again starts over).
+        .filter(|(_, stat)| stat.czxid == counted.czxid)
+        .filter_map(|(data, _)| mark_of(data))
+        .max();
+    match served {
+        Some(served) if unmarked <= served => Verdict::Stands(served),
+        _ => Verdict::Wait(Some(unmarked)),
     }
 }
 
+/// The marks in `before`, if it was read.
+pub(super) fn marks_before(before: &Before) -> Option<(&[u8], &zk::Stat)> {
+    match before {
+        Some(Ok((data, stat))) => Some((data.as_slice(), stat)),
+        _ => None,
+    }
+}
+
+/// What a waiter granted from the shared view learns from its own listing (`delay_verdict`).
+pub(super) enum DelayCheck {
+    /// Our node is gone.
+    NodeGone,
+    /// Our server still shows this node, which keeps us waiting: wait for it on our session.
+    Behind(LockChild),
+    /// The listing shows the grant: the rule's verdict.
+    Verdict(Verdict),
+}
+
 impl OnSession<'_> {
-    /// Whether the lock directory marks `gone` (the node whose deletion granted us) as released
-    /// cleanly.
-    pub(super) async fn released_cleanly(&self, gone: &str) -> Result<bool> {
-        match retry_unknown(|| self.context.client().get_data(&self.lock.dir)).await {
-            Ok((data, _)) => Ok(data == gone.as_bytes()),
-            Err(err) if session_dead(&err) => Err(self.session_lost(err.to_string())),
-            // Unreadable: conservative.
-            Err(_) => Ok(false),
+    /// For a waiter granted from the shared view: a listing on our session with the directory's
+    /// data read behind it (one round trip), which must itself show the grant; then the rule's
+    /// verdict from its stat and every mark read (module docs, *The grant rule*).
+    pub(super) async fn delay_verdict(
+        &self,
+        driver: &dyn LockDriver,
+        ours: &LockChild,
+        before: &Before,
+    ) -> Result<DelayCheck> {
+        let client = self.context.client();
+        let dir = &self.lock.dir;
+        let read = retry_unknown(|| {
+            // Both sent now, the data read after the listing on the same server.
+            let listed = client.get_children(dir);
+            let data = client.get_data(dir);
+            async move {
+                let listed = listed.await?;
+                Ok((listed, data.await))
+            }
+        })
+        .await;
+        let ((names, dir_stat), data) = match read {
+            Ok(read) => read,
+            // Our node was in it: the directory is gone, and our node with it.
+            Err(zk::Error::NoNode) => return Ok(DelayCheck::NodeGone),
+            Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
+            Err(err) => return Err(Error::zk("list", dir, err)),
+        };
+        let listing = Listing::new(names, dir_stat, driver.queue());
+        let Some(ours_at) = listing.position(ours) else { return Ok(DelayCheck::NodeGone) };
+        if let Decision::WaitFor(blocker) = driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
+            return Ok(DelayCheck::Behind(blocker));
         }
+        let after = data.as_ref().ok().map(|(data, stat)| (data.as_slice(), stat));
+        Ok(DelayCheck::Verdict(verdict(&listing.dir_stat, marks_before(before).into_iter().chain(after))))
     }
 
-    /// Waits until `delay` after `since`, watching our node (`own_watch`, set again if its data
-    /// changes): `Some(NodeGone)` if it goes meanwhile.
+    /// Waits `delay` from now, watching our node (`own_watch`, set again if its data changes):
+    /// `Some(NodeGone)` if it goes meanwhile.
     pub(super) async fn serve_delay(
         &self,
         node_path: &str,
-        since: Instant,
         delay: Duration,
         own_watch: &mut NodeWatch,
     ) -> Result<Option<Turn>> {
-        tracing::debug!(
-            path = node_path,
-            ?delay,
-            "lock-delay: the previous holder's node went without a clean release"
-        );
-        let until = since + delay;
+        tracing::debug!(path = node_path, ?delay, "lock-delay: a node went without a clean release");
+        let until = Instant::now() + delay;
         loop {
             tokio::select! {
                 biased;
@@ -107,5 +200,58 @@ impl OnSession<'_> {
                 () = tokio::time::sleep_until(until) => return Ok(None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::cleanup::mark_data;
+
+    fn stat(czxid: i64, cversion: i32, num_children: i32, version: i32) -> zk::Stat {
+        zk::Stat {
+            czxid,
+            mzxid: 0,
+            pzxid: 0,
+            ctime: 0,
+            mtime: 0,
+            version,
+            cversion,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 0,
+            num_children,
+        }
+    }
+
+    #[test]
+    fn counts_deletions_without_a_mark() {
+        // 3 creates, 2 deletes, 1 of them marked: cversion = 2 × 3 − 1 = 5.
+        assert_eq!(unmarked(&stat(1, 5, 1, 1)), Some(1));
+        // All marked.
+        assert_eq!(unmarked(&stat(1, 5, 1, 2)), Some(0));
+        // More writes than deletes: someone else wrote the data.
+        assert_eq!(unmarked(&stat(1, 5, 1, 3)), None);
+        // Past 2^30 creates the reported cversion wraps; the count does not.
+        let creates: u32 = (1 << 30) + 10;
+        let cversion = (2 * creates - 4) as i32;
+        assert!(cversion < 0);
+        assert_eq!(unmarked(&stat(1, cversion, 4, 6)), Some(creates - 4 - 6));
+    }
+
+    #[test]
+    fn a_grant_stands_only_on_a_mark_of_this_directory_that_covers_the_count() {
+        let counted = stat(7, 5, 1, 1); // one deletion without a mark
+        let one = mark_data(1);
+        let zero = mark_data(0);
+        let same = stat(7, 0, 0, 0);
+        let other = stat(8, 0, 0, 0);
+        assert_eq!(verdict(&counted, [(one.as_slice(), &same)]), Verdict::Stands(1));
+        assert_eq!(verdict(&counted, [(zero.as_slice(), &same)]), Verdict::Wait(Some(1)));
+        assert_eq!(verdict(&counted, [(one.as_slice(), &other)]), Verdict::Wait(Some(1)));
+        assert_eq!(verdict(&counted, [(zero.as_slice(), &same), (one.as_slice(), &same)]), Verdict::Stands(1));
+        assert_eq!(verdict(&counted, [(b"_c_x-lock-0000000001".as_slice(), &same)]), Verdict::Wait(Some(1)));
+        assert_eq!(verdict(&counted, []), Verdict::Wait(Some(1)));
+        assert_eq!(verdict(&stat(7, 5, 1, 3), [(one.as_slice(), &same)]), Verdict::Wait(None));
     }
 }

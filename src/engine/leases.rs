@@ -65,7 +65,7 @@ use tracing::{debug, Span};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use super::{Grant, LockInternals, LockNode, OnSession, MAX_NODE_LOSSES};
+use super::{delay, Grant, LockInternals, LockNode, OnSession, MAX_NODE_LOSSES};
 use crate::engine::driver::StandardDriver;
 use crate::engine::listing::Listing;
 use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
@@ -92,7 +92,8 @@ impl Drop for PendingLeases {
 
 /// How a wait for the count ended.
 enum Count {
-    Granted,
+    /// Granted by a listing with this stat of the directory.
+    Granted(zk::Stat),
     /// One of our nodes is no longer listed: someone deleted it.
     NodeGone,
     /// The node of the internal lock we wait under is gone.
@@ -152,6 +153,9 @@ impl OnSession<'_> {
         loop {
             let mut leases = PendingLeases(Vec::with_capacity(qty));
             let mut listing = None;
+            // With a lock-delay, the directory's marks, read in the round trip of our first create
+            // (`delay.rs`).
+            let before = self.lock.lock_delay.map(|_| self.context.client().get_data(&self.lock.dir));
             for _ in 0..qty {
                 // A GUID per node, armed before its create is sent.
                 let protection = naming::protection(&Uuid::new_v4());
@@ -166,8 +170,30 @@ impl OnSession<'_> {
                 // Only the listing sent after the last create shows every node of ours.
                 listing = pipelined;
             }
+            let before: delay::Before = match before {
+                Some(read) => Some(read.await),
+                None => None,
+            };
             match self.wait_for_count(&leases.0, max_leases, listing, lock_node).await? {
-                Count::Granted => return self.vouched_leases(leases).await,
+                Count::Granted(counted) => {
+                    if let Some(delay) = self.lock.lock_delay {
+                        // The deciding listing was taken on our session after our creates: it
+                        // counts the deletion of every lease that made room for ours.
+                        let served = match delay::verdict(&counted, delay::marks_before(&before)) {
+                            delay::Verdict::Stands(served) => Some(served),
+                            delay::Verdict::Wait(served) => {
+                                // (Our lease nodes are tracked by the session monitor once granted.)
+                                let mut never = NodeWatch::never();
+                                let _ = self.serve_delay(&self.lock.dir, delay, &mut never).await?;
+                                served
+                            },
+                        };
+                        for (_, node) in &mut leases.0 {
+                            node.served = served;
+                        }
+                    }
+                    return self.vouched_leases(leases).await;
+                },
                 Count::LockGone => {
                     debug!(lock = &**lock_node, "the internal lock's node was deleted while waiting for leases");
                     return Err(Error::LockLost { path: self.lock.dir.clone(), reason: LossReason::NodeDeleted });
@@ -206,14 +232,14 @@ impl OnSession<'_> {
             });
             // Not listed: a reply from another connection, maybe; the watched listing decides.
             if listed && listing.all <= max_leases {
-                return Ok(Count::Granted);
+                return Ok(Count::Granted(listing.dir_stat));
             }
         }
         let client = self.context.client();
         let dir = &self.lock.dir;
         let mut lock_watch: Option<NodeWatch> = None;
         loop {
-            let (names, watcher) = match retry_unknown(|| client.list_and_watch_children(dir)).await {
+            let (names, counted, watcher) = match retry_unknown(|| client.get_and_watch_children(dir)).await {
                 Ok(listed) => listed,
                 // The directory is gone, and our nodes with it.
                 Err(zk::Error::NoNode) => return Ok(Count::NodeGone),
@@ -226,7 +252,7 @@ impl OnSession<'_> {
             }
             if names.len() <= max_leases {
                 // The watcher is dropped: the client asks the server to remove it.
-                return Ok(Count::Granted);
+                return Ok(Count::Granted(counted));
             }
             debug!(dir, children = names.len(), max_leases, "waiting for leases to be returned");
             let watching_lock = lock_watch.get_or_insert_with(|| self.watch(lock_node));
@@ -281,8 +307,6 @@ impl OnSession<'_> {
                         context: self.context.clone(),
                         handoff: false,
                         revocable: self.lock.revocable,
-                        // (A semaphore's leases take no lock-delay.)
-                        mark_release: false,
                     })
                     .collect();
                 for (pending, _) in std::mem::take(&mut leases.0) {

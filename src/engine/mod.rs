@@ -58,6 +58,7 @@ use crate::session::client::{RecipeClient, SessionContext};
 use crate::session::monitor::HoldFeed;
 use crate::session::watch::{watch_node, NodeWatch, Watched};
 use crate::state::{LossPolicy, LossReason};
+use delay::DelayCheck;
 
 /// How many times in a row our node may vanish under us before we give up.
 const MAX_NODE_LOSSES: usize = 5;
@@ -82,6 +83,9 @@ pub(crate) struct LockNode {
     /// The view of the directory we waited with, if we waited: the node is removed from it once
     /// deleted.
     pub view: Option<Arc<DirView>>,
+    /// On a lock with a lock-delay, the served mark its clean release writes, established at its
+    /// grant (`engine/delay.rs`); `None` otherwise.
+    pub served: Option<u32>,
 }
 
 impl LockNode {
@@ -91,12 +95,12 @@ impl LockNode {
         self.delete_marked(cleanup, false)
     }
 
-    /// [`delete`](Self::delete), marked as a clean release when `marked` (a lock with a
-    /// lock-delay: `engine/delay.rs`).
-    pub(crate) fn delete_marked(&self, cleanup: &Cleanup, marked: bool) -> Option<JoinHandle<Result<()>>> {
-        let target = match marked {
-            true => Target::Released { path: self.path.to_string() },
-            false => Target::Path(self.path.to_string()),
+    /// [`delete`](Self::delete), marked as a clean release when `clean` and the node has a served
+    /// mark (a lock with a lock-delay: `engine/delay.rs`).
+    pub(crate) fn delete_marked(&self, cleanup: &Cleanup, clean: bool) -> Option<JoinHandle<Result<()>>> {
+        let target = match (clean, self.served) {
+            (true, Some(served)) => Target::Released { path: self.path.to_string(), served },
+            _ => Target::Path(self.path.to_string()),
         };
         match self.view.clone() {
             None => cleanup.delete(target),
@@ -119,8 +123,6 @@ pub(crate) struct Grant {
     pub handoff: bool,
     /// The node was created revocable (empty data; a revocation request is written as its data).
     pub revocable: bool,
-    /// A clean release of the hold is marked (the lock has a lock-delay: `engine/delay.rs`).
-    pub mark_release: bool,
 }
 
 impl Grant {
@@ -423,7 +425,6 @@ impl OnSession<'_> {
                         context: self.context.clone(),
                         handoff,
                         revocable: self.lock.revocable,
-                        mark_release: self.lock.lock_delay.is_some(),
                     }));
                 },
                 Turn::NotNow => {
@@ -534,20 +535,22 @@ impl OnSession<'_> {
         let path = format!("{}/{}{}{:010}", self.lock.dir, protection, driver.lock_name(), anchor.sequence);
         Span::current().record("sequence", anchor.sequence);
         let czxid = self.create_beside(&path, &protection, anchor, &mut pending).await?;
-        let node = LockNode { path: path.into(), sequence: anchor.sequence, czxid, kind: driver.kind(), view: None };
+        // Granted beside a node we hold: no hold we exclude can have ended meanwhile; the anchor's
+        // served mark is ours (`delay.rs`).
+        let node = LockNode {
+            path: path.into(),
+            sequence: anchor.sequence,
+            czxid,
+            kind: driver.kind(),
+            view: None,
+            served: anchor.served,
+        };
         let Some(feed) = self.vouched_hold(&node, None, wait).await? else {
             pending.delete_now().await?;
             return Ok(None);
         };
         pending.disarm();
-        Ok(Some(Grant {
-            node,
-            feed,
-            context: self.context.clone(),
-            handoff: false,
-            revocable: self.lock.revocable,
-            mark_release: self.lock.lock_delay.is_some(),
-        }))
+        Ok(Some(Grant { node, feed, context: self.context.clone(), handoff: false, revocable: self.lock.revocable }))
     }
 
     /// Sends `multi(check anchor exists, create path EPHEMERAL)` until its outcome is known;
@@ -654,8 +657,14 @@ impl OnSession<'_> {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
                         pending.created(found.path.clone());
-                        let node =
-                            LockNode { path: found.path.into(), sequence, czxid: found.stat.czxid, kind, view: None };
+                        let node = LockNode {
+                            path: found.path.into(),
+                            sequence,
+                            czxid: found.stat.czxid,
+                            kind,
+                            view: None,
+                            served: None,
+                        };
                         return Ok((node, None));
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -704,7 +713,7 @@ impl OnSession<'_> {
                         // Sent no earlier than the create: an answer a later round pairs with.
                         self.context.session.answered(sent, false);
                     }
-                    let node = LockNode { path: path.into(), sequence, czxid, kind, view: None };
+                    let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
                     return Ok((node, listing));
                 },
                 Err(CreateError::Parents(err)) => {
@@ -905,16 +914,21 @@ impl OnSession<'_> {
         match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
             Decision::Acquired => {
                 if let Some(delay) = self.lock.lock_delay {
-                    if delay::unclean_since_last_release(before) {
-                        if wait == Wait::No {
-                            return Ok(Turn::NotNow);
-                        }
-                        let mut own_watch = self.watch(&node.path);
-                        let now = tokio::time::Instant::now();
-                        if let Some(turn) = self.serve_delay(&node.path, now, delay, &mut own_watch).await? {
-                            return Ok(turn);
-                        }
-                    }
+                    // Decided by this listing, on our session after our create: its stat counts
+                    // the deletion of every node we would have waited for (`delay.rs`).
+                    let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
+                    drop(listing);
+                    node.served = match verdict {
+                        delay::Verdict::Stands(served) => Some(served),
+                        delay::Verdict::Wait(_) if wait == Wait::No => return Ok(Turn::NotNow),
+                        delay::Verdict::Wait(served) => {
+                            let mut own_watch = self.watch(&node.path);
+                            if let Some(turn) = self.serve_delay(&node.path, delay, &mut own_watch).await? {
+                                return Ok(turn);
+                            }
+                            served
+                        },
+                    };
                 }
                 return Ok(Turn::Acquired(None));
             },
@@ -942,70 +956,83 @@ impl OnSession<'_> {
         let mut own_watch_trusted = true;
         let mut session = self.context.client().state_watcher();
         session.state();
-        // The last predecessor whose deletion we saw, and when (for a lock-delay).
-        let mut last_gone: Option<(String, tokio::time::Instant)> = None;
-        loop {
-            let predecessor = match view.decide(driver, &ours) {
-                None => return Ok(Turn::NodeGone),
-                Some(Decision::Acquired) if confirm => {
-                    // A node created beside a write node ahead of us may have appeared since we
-                    // listed: decide from a listing taken now instead (`view.rs`).
-                    debug!(path = &*node.path, "granted from the view; confirming with a listing");
-                    let Some(listing) = self.listing(queue).await? else {
-                        view.deleted(&ours);
-                        return Ok(Turn::NodeGone);
-                    };
-                    // Answered after our create, on our session: our node is listed unless gone.
-                    let Some(ours_at) = listing.position(&ours) else {
-                        view.deleted(&ours);
-                        return Ok(Turn::NodeGone);
-                    };
-                    // The listing is now the latest: merged, it decides (from the view, which has
-                    // every node it shows ahead) whether we wait, and whether to confirm again.
-                    view.merge(&listing.children[..=ours_at], ours.sequence, driver.admits_nodes_beside());
-                    confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
-                    continue;
-                },
-                Some(Decision::Acquired) => {
-                    // Take in any event already delivered for our own node (one poll, no wait).
-                    tokio::select! {
-                        biased;
-                        event = &mut own_watch => {
-                            if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
-                                return end;
-                            }
-                        },
-                        _ = std::future::ready(()) => {},
-                    }
-                    if !(own_watch_trusted && own_watch.is_armed()) {
-                        match retry_unknown(|| self.context.client().check_stat(&node.path)).await {
-                            Ok(Some(_)) => {},
-                            Ok(None) => {
-                                view.deleted(&ours);
-                                return Ok(Turn::NodeGone);
-                            },
-                            Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
-                            Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
-                        }
-                    }
-                    if let Some(delay) = self.lock.lock_delay {
-                        let clean = match &last_gone {
-                            Some((gone, _)) => self.released_cleanly(gone).await?,
-                            None => false,
+        'waiting: loop {
+            let predecessor = 'decided: {
+                match view.decide(driver, &ours) {
+                    None => return Ok(Turn::NodeGone),
+                    Some(Decision::Acquired) if confirm => {
+                        // A node created beside a write node ahead of us may have appeared since we
+                        // listed: decide from a listing taken now instead (`view.rs`).
+                        debug!(path = &*node.path, "granted from the view; confirming with a listing");
+                        let Some(listing) = self.listing(queue).await? else {
+                            view.deleted(&ours);
+                            return Ok(Turn::NodeGone);
                         };
-                        if !clean {
-                            let since = last_gone.as_ref().map_or_else(tokio::time::Instant::now, |(_, at)| *at);
-                            if let Some(turn) = self.serve_delay(&node.path, since, delay, &mut own_watch).await? {
-                                view.deleted(&ours);
-                                return Ok(turn);
+                        // Answered after our create, on our session: our node is listed unless gone.
+                        let Some(ours_at) = listing.position(&ours) else {
+                            view.deleted(&ours);
+                            return Ok(Turn::NodeGone);
+                        };
+                        // The listing is now the latest: merged, it decides (from the view, which has
+                        // every node it shows ahead) whether we wait, and whether to confirm again.
+                        view.merge(&listing.children[..=ours_at], ours.sequence, driver.admits_nodes_beside());
+                        confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
+                        continue 'waiting;
+                    },
+                    Some(Decision::Acquired) => {
+                        // Take in any event already delivered for our own node (one poll, no wait).
+                        tokio::select! {
+                            biased;
+                            event = &mut own_watch => {
+                                if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
+                                    return end;
+                                }
+                            },
+                            _ = std::future::ready(()) => {},
+                        }
+                        if !(own_watch_trusted && own_watch.is_armed()) {
+                            match retry_unknown(|| self.context.client().check_stat(&node.path)).await {
+                                Ok(Some(_)) => {},
+                                Ok(None) => {
+                                    view.deleted(&ours);
+                                    return Ok(Turn::NodeGone);
+                                },
+                                Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
+                                Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
                             }
                         }
-                    }
-                    node.view = Some(view);
-                    // Handed to the hold, which keeps watching our node with it.
-                    return Ok(Turn::Acquired(Some(own_watch)));
-                },
-                Some(Decision::WaitFor(predecessor)) => predecessor,
+                        match self.lock.lock_delay {
+                            None => {},
+                            Some(delay) => match self.delay_verdict(driver, &ours, before).await? {
+                                DelayCheck::NodeGone => {
+                                    view.deleted(&ours);
+                                    return Ok(Turn::NodeGone);
+                                },
+                                // Our server has not applied a deletion the shared view has seen:
+                                // wait for that node on our session, then decide again.
+                                DelayCheck::Behind(blocker) => break 'decided blocker,
+                                DelayCheck::Verdict(verdict) => {
+                                    node.served = match verdict {
+                                        delay::Verdict::Stands(served) => Some(served),
+                                        delay::Verdict::Wait(served) => {
+                                            if let Some(turn) =
+                                                self.serve_delay(&node.path, delay, &mut own_watch).await?
+                                            {
+                                                view.deleted(&ours);
+                                                return Ok(turn);
+                                            }
+                                            served
+                                        },
+                                    }
+                                },
+                            },
+                        }
+                        node.view = Some(view);
+                        // Handed to the hold, which keeps watching our node with it.
+                        return Ok(Turn::Acquired(Some(own_watch)));
+                    },
+                    Some(Decision::WaitFor(predecessor)) => predecessor,
+                }
             };
             let predecessor_path = format!("{}/{}", self.lock.dir, predecessor.name);
             debug!(predecessor = predecessor_path, "waiting for predecessor");
@@ -1021,10 +1048,7 @@ impl OnSession<'_> {
                     _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
                         match event {
-                            Watched::Deleted => {
-                                view.deleted(&predecessor);
-                                last_gone = Some((predecessor.name.clone(), tokio::time::Instant::now()));
-                            },
+                            Watched::Deleted => view.deleted(&predecessor),
                             Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
                             Watched::Refused(err) => return Err(Error::zk("watch the lock node", &predecessor_path, err)),
                             Watched::Other => {},

@@ -47,8 +47,6 @@ pub(crate) struct Hold {
     acquired_by: Owner,
     /// Its node was created revocable.
     pub(crate) revocable: bool,
-    /// A clean end of the hold is marked (a lock with a lock-delay).
-    mark_release: bool,
     /// The recipe's metrics label.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     recipe: &'static str,
@@ -212,8 +210,8 @@ impl Hold {
         let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
         // Marked clean unless the library ended it for a holder that did not (its lease ran out):
         // that holder may still be running, which is what a lock-delay waits out.
-        let marked = self.mark_release && relinquished != Some(LossReason::LeaseExpired);
-        self.node.delete_marked(&self.context.cleanup, marked)
+        let clean = relinquished != Some(LossReason::LeaseExpired);
+        self.node.delete_marked(&self.context.cleanup, clean)
     }
 }
 
@@ -271,7 +269,7 @@ impl Holds {
     /// A new hold from a grant, counting its first guard, acquired by the current task (or
     /// thread); `downgraded_from` is the write hold a downgraded read comes from.
     pub(crate) fn register(&self, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> Arc<Hold> {
-        let Grant { node, feed, context, handoff, revocable, mark_release } = grant;
+        let Grant { node, feed, context, handoff, revocable } = grant;
         metrics::granted(self.recipe);
         if handoff {
             metrics::handoff(self.recipe);
@@ -284,7 +282,6 @@ impl Holds {
             downgraded_from,
             acquired_by: Owner::current(),
             revocable,
-            mark_release,
             recipe: self.recipe,
             life: Mutex::new(Life { guards: 1, ..Life::default() }),
             lease: OnceLock::new(),

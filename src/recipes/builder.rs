@@ -181,20 +181,6 @@ impl<R> LockBuilder<R> {
         self
     }
 
-    /// Fails for a recipe whose locks are shared (a read/write lock's readers, a semaphore's
-    /// leases): a lock-delay's clean-release mark proves nothing about the other holders.
-    pub(crate) fn refuse_lock_delay(&self, recipe: &str) -> Result<()> {
-        match self.lock_delay {
-            Some(_) => Err(Error::InvalidArgument {
-                path: self.path.clone(),
-                reason: format!(
-                    "a lock-delay applies to exclusive locks (InterProcessMutex, leader election), not to {recipe}: its holders are several at once"
-                ),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// The path as given.
     pub(crate) fn path(&self) -> &str {
         &self.path
@@ -224,19 +210,20 @@ impl<R> LockBuilder<R> {
         self
     }
 
-    /// A lock-delay for this lock path (Chubby's, Consul's): when the holder's node disappears
-    /// *without a clean release* — its session expired or was closed, someone deleted it, its
-    /// hold lease ran out — the next holder is granted only `delay` after the next waiter saw it
-    /// go (an acquire that finds the lock free waits `delay` from then, if the directory shows
-    /// such a disappearance since the last clean release). It protects a resource that cannot
-    /// check fencing tokens from a holder that was paused or partitioned and does not know yet,
-    /// for up to `delay`. A clean release is marked in the same request as the delete (a `multi`
-    /// writing the node's name as the lock directory's data), so it costs no request and is
-    /// never delayed. Every user of the path should set the same delay; Curator's and kazoo's
-    /// releases cannot mark and count as unclean. Exclusive locks only (a mutex, leader
-    /// election): a read/write lock's and a semaphore's `build` refuse it. The lock directory is
-    /// created persistent and its data is reserved for the mark; the first acquire on a new path
-    /// waits the delay once. See the README's *Lock-delay*. Default: none.
+    /// A lock-delay for this lock path (Chubby's, Consul's): when a node in the lock directory
+    /// disappears *without a clean release* — its session expired or was closed, someone deleted
+    /// it, its hold lease ran out, a waiter gave up — no hold is granted until `delay` after the
+    /// acquirer read the directory showing it (an acquire that finds the lock free waits too, once,
+    /// unless a later clean release vouched for it). It protects a resource that cannot check
+    /// fencing tokens from a holder that was paused or partitioned and does not know yet, for up to
+    /// `delay`. A clean release is marked in the same request as its delete (a `multi` writing a
+    /// count as the lock directory's data), so it costs no request and is never delayed. Every
+    /// lock recipe takes it — the mutex, leader election, both modes of a read/write lock, the
+    /// semaphores' leases (on their `leases` directory). Every user of the path should set the same
+    /// delay; Curator's and kazoo's releases cannot mark and count as unclean. The lock directory
+    /// is created persistent and its data is reserved for the mark; the first acquire on a new path
+    /// waits the delay once. How the rule is proved: `src/engine/delay.rs`. See the README's
+    /// *Lock-delay*. Default: none.
     pub fn lock_delay(mut self, delay: Duration) -> LockBuilder<R> {
         self.lock_delay = Some(delay);
         self

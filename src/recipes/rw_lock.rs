@@ -238,7 +238,6 @@ impl LockBuilder<InterProcessReadWriteLock> {
     /// # Errors
     /// As [`MutexBuilder::build`](crate::MutexBuilder::build).
     pub fn build(self) -> Result<InterProcessReadWriteLock> {
-        self.refuse_lock_delay("a read/write lock")?;
         let internals = Arc::new(self.internals(WRITE_LOCK_NAME)?);
         let (read_holds, write_holds) = (Holds::new("read_lock"), Holds::new("write_lock"));
         let read_entry = ReadEntry { write_holds: write_holds.clone(), path: internals.dir().to_owned() };

@@ -152,7 +152,6 @@ impl InterProcessSemaphoreV2 {
 
     fn from_builder<R>(builder: LockBuilder<R>, max_leases: usize, recipe: &'static str) -> Result<Self> {
         let path = builder.path().to_owned();
-        builder.refuse_lock_delay("a semaphore")?;
         if max_leases == 0 {
             return Err(Error::InvalidArgument { path, reason: "a semaphore needs at least one lease".into() });
         }

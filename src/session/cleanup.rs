@@ -31,30 +31,46 @@ pub(crate) enum Target {
     /// and whose ephemeral owner is our session, if there is one.
     Protected { dir: String, protection: String },
     /// A held node released cleanly, on a lock with a lock-delay: deleted in one `multi` with a
-    /// write of its name as its directory's data — the mark its successor reads (see
-    /// `engine/delay.rs`). Should the `multi` fail, the node is deleted plainly (unmarked: its
-    /// successor then waits the delay, which is only ever conservative).
-    Released { path: String },
+    /// write of its served mark as its directory's data (`engine/delay.rs`). Should the `multi`
+    /// fail, the node is deleted plainly (counted as unclean: the next grant then waits the delay,
+    /// which is only ever conservative).
+    Released { path: String, served: u32 },
 }
 
 impl Target {
     /// The node's path, or its directory when the name is not known.
     fn path(&self) -> &str {
         match self {
-            Target::Path(path) | Target::Released { path } => path,
+            Target::Path(path) | Target::Released { path, .. } => path,
             Target::Protected { dir, .. } => dir,
         }
     }
 }
 
-/// `multi(setData(<dir>, <name>), delete(<path>))`: a clean release's mark and delete, in one
-/// request (what a plain delete costs). `Err(NoNode)` if the node is gone; a failure of the
+/// How a lock-delay's served mark is spelled in its lock directory's data (`engine/delay.rs`).
+const MARK_PREFIX: &[u8] = b"lock-delay served ";
+
+/// The directory data that records the served mark `served` (`engine/delay.rs`, *Served marks*).
+pub(crate) fn mark_data(served: u32) -> Vec<u8> {
+    let mut data = MARK_PREFIX.to_vec();
+    data.extend_from_slice(served.to_string().as_bytes());
+    data
+}
+
+/// The served mark in a lock directory's data, if it holds one.
+pub(crate) fn mark_of(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data.strip_prefix(MARK_PREFIX)?).ok()?.parse().ok()
+}
+
+/// `multi(setData(<dir>, <served mark>), delete(<path>))`: a clean release's mark and delete, in
+/// one request (what a plain delete costs). `Err(NoNode)` if the node is gone; a failure of the
 /// mark alone falls back to an unmarked delete.
-async fn marked_delete(client: &zk::Client, path: &str) -> std::result::Result<(), zk::Error> {
-    let Some((dir, name)) = path.rsplit_once('/') else { return client.delete(path, None).await };
+async fn marked_delete(client: &zk::Client, path: &str, served: u32) -> std::result::Result<(), zk::Error> {
+    let Some((dir, _)) = path.rsplit_once('/') else { return client.delete(path, None).await };
     let dir = if dir.is_empty() { "/" } else { dir };
     let mut writer = client.new_multi_writer();
-    if writer.add_set_data(dir, name.as_bytes(), None).is_err() || writer.add_delete(path, None).is_err() {
+    let mark = mark_data(served);
+    if writer.add_set_data(dir, &mark, None).is_err() || writer.add_delete(path, None).is_err() {
         return client.delete(path, None).await;
     }
     match writer.commit().await {
@@ -208,8 +224,10 @@ async fn delete_until_gone(client: zk::Client, target: Target, mut first: Option
     loop {
         let result = match (first.take(), &target) {
             (Some(sent), _) => sent.await,
-            (None, Target::Released { path }) if std::mem::take(&mut marked) => marked_delete(&client, path).await,
-            (None, Target::Path(path) | Target::Released { path }) => client.delete(path, None).await,
+            (None, Target::Released { path, served }) if std::mem::take(&mut marked) => {
+                marked_delete(&client, path, *served).await
+            },
+            (None, Target::Path(path) | Target::Released { path, .. }) => client.delete(path, None).await,
             (None, Target::Protected { dir, protection }) => match find_protected(&client, dir, protection).await {
                 // Deleted: look again, in case a create of the same attempt was applied late.
                 Ok(Some(found)) => match client.delete(&found.path, None).await {
