@@ -195,6 +195,11 @@ impl Hold {
     /// `relinquished`, guards of it may still be alive: they are told `Lost(reason)` before the
     /// delete is sent.
     fn end(&self, relinquished: Option<LossReason>) -> Option<JoinHandle<Result<()>>> {
+        // Wakes its lease timer, if any, which then sees the hold ended and stops: it would
+        // otherwise sleep out the lease (a task per leased hold, alive for as long as its lease).
+        if let Some(lease) = self.lease.get() {
+            lease.moved.notify_one();
+        }
         // Whether it ended lost (re-evaluated now: the monitor may not have told it yet; no side
         // effects on the release path).
         #[cfg(feature = "metrics")]
