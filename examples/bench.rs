@@ -15,6 +15,10 @@
 //! background), as in the `zkc` peer; W1, W3 and W7 are also run with `release().await`
 //! (`zk-recipes-await`). W1 reports the requests per cycle counted by the server (`mntr`
 //! `zk_packets_received`, pings included).
+//!
+//! `LOCK_DELAY_MS=<ms>` gives W1's and W2's mutexes a lock-delay (`LockBuilder::lock_delay`) and
+//! names them `zk-recipes+delay`: the cost of the clean paths (a clean release is never delayed,
+//! so only the requests and round trips differ). Run it beside a plain run on the same server.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,6 +32,23 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A mutex for W1 and W2: with the lock-delay of `LOCK_DELAY_MS`, if set.
+fn w_mutex(client: zk::Client, path: impl Into<String>) -> Result<InterProcessMutex, BoxError> {
+    let builder = InterProcessMutex::builder(client, path);
+    Ok(match env("LOCK_DELAY_MS", 0) {
+        0 => builder.build()?,
+        ms => builder.lock_delay(Duration::from_millis(ms)).build()?,
+    })
+}
+
+/// `imp`, marked `+delay` when `LOCK_DELAY_MS` is set.
+fn delay_name(imp: &'static str) -> &'static str {
+    match env("LOCK_DELAY_MS", 0) {
+        0 => imp,
+        _ => Box::leak(format!("{imp}+delay").into_boxed_str()),
+    }
 }
 
 static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -128,12 +149,13 @@ async fn cycle(mutex: &InterProcessMutex, await_release: bool) -> Result<(), Box
 
 async fn w1(addr: &str, base: &str, imp: &'static str, await_release: bool) -> Result<(), BoxError> {
     let client = connect(addr).await?;
-    let warm = InterProcessMutex::new(client.clone(), format!("{base}/warm-{imp}"))?;
+    let imp = delay_name(imp);
+    let warm = w_mutex(client.clone(), format!("{base}/warm-{imp}"))?;
     for _ in 0..env("WARMUP_CYCLES", 500) {
         cycle(&warm, await_release).await?;
     }
     let n = env("W1_CYCLES", 2000);
-    let mutex = InterProcessMutex::new(client, format!("{base}/W1/{imp}"))?;
+    let mutex = w_mutex(client, format!("{base}/W1/{imp}"))?;
     cycle(&mutex, await_release).await?; // creates the lock path (container parents)
     tokio::time::sleep(Duration::from_millis(50)).await;
     let packets_before = packets_received(addr).await.ok();
@@ -183,7 +205,7 @@ async fn w2(addr: &str, base: &str) -> Result<(), BoxError> {
     let (measuring, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let mut tasks = Vec::new();
     for client in clients {
-        let mutex = InterProcessMutex::new(client, path.as_str())?;
+        let mutex = w_mutex(client, path.as_str())?;
         let (holders, counter, total, violations, last_release, measuring, stop) = (
             holders.clone(),
             counter.clone(),
@@ -234,7 +256,7 @@ async fn w2(addr: &str, base: &str) -> Result<(), BoxError> {
     }
     let lost = total.load(SeqCst) - counter.load(SeqCst);
     emit(Report {
-        imp: "zk-recipes",
+        imp: delay_name("zk-recipes"),
         workload: "W2",
         ops: per.iter().sum(),
         secs,
