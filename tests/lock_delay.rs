@@ -360,3 +360,86 @@ async fn a_semaphore_delays_the_lease_freed_by_an_unclean_loss() {
     second.release().await.unwrap();
     assert_no_nodes_left_while_open(&next, &leases, &[next.clone(), releaser.clone()], Duration::from_secs(10)).await;
 }
+
+/// How many children of `path` were ever deleted without a mark (`engine/delay.rs`: deletes
+/// from `cversion` and `numChildren`, less the data's `version`).
+async fn unmarked(client: &zookeeper_client::Client, path: &str) -> i64 {
+    let (_, stat) = client.get_data(path).await.unwrap();
+    let (children, cversion) = (i64::from(stat.num_children), i64::from(stat.cversion));
+    (cversion + children) / 2 - children - i64::from(stat.version)
+}
+
+/// A waiter that gives up (here an `acquire_timeout` shorter than the delay) after an unclean
+/// loss ended no hold: its node goes with a mark that keeps the directory's count of unclean
+/// deletions where it was — one more unclean deletion would keep every later acquire that does not
+/// wait the delay out from ever being granted (review H). Its mark must not hide the loss: the
+/// next acquirer, on another session, is still granted only the delay after the server's delete;
+/// and the wait cut short counts toward it (the process saw the count when the waiter did), so it
+/// waits only the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_giving_up_keeps_the_count_and_hides_no_loss() {
+    let path = unique_path("delay-give-up");
+    let (doomed, quitter, next) = (client().await, client().await, client().await);
+    warm_up(&next, &path).await;
+    let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
+    let closing = Instant::now();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    let deleted_by = Instant::now();
+    let after_loss = unmarked(&next, &path).await;
+    assert_eq!(after_loss, 1, "the expired holder's deletion is counted");
+    let gave_up = delayed(quitter.clone(), &path).acquire_timeout(DELAY / 4).await.unwrap();
+    assert!(gave_up.is_none(), "granted within a quarter of the delay after an unclean loss");
+    eventually(Duration::from_secs(10), "the quitter's node gone", || async {
+        children(&next, &path).await.is_empty()
+    })
+    .await;
+    assert_eq!(unmarked(&next, &path).await, after_loss, "a give-up counted as an unclean end of a hold");
+    let (granted_at, granted) =
+        tokio::time::timeout(DELAY * 4, stamped(delayed(next.clone(), &path))).await.expect("granted").unwrap();
+    eprintln!("after a give-up: granted {:?} after the close", granted_at - closing);
+    assert!(
+        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        "granted {:?} after the close: the give-up's mark hid the loss",
+        granted_at - closing
+    );
+    assert_within(granted_at - closing, DELAY + SLACK, "the wait cut short counted toward the next");
+    granted.release().await.unwrap();
+    drop(guard);
+    assert_no_nodes_left_while_open(&next, &path, &[next.clone(), quitter.clone()], Duration::from_secs(10)).await;
+}
+
+/// `try_acquire` never waits, but a poll is granted once the delay since the process first saw
+/// the unclean loss's count has passed — never before the delay after the server's delete, and
+/// not halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_is_granted_after_the_delay_and_not_before() {
+    let path = unique_path("delay-poll");
+    let (doomed, poller) = (client().await, client().await);
+    warm_up(&poller, &path).await;
+    let guard = delayed(doomed.clone(), &path).acquire().await.unwrap();
+    let closing = Instant::now();
+    zk_testcontainers::expire_session(zookeeper().await.connect_string(), &doomed).await.unwrap();
+    let deleted_by = Instant::now();
+    let mutex = delayed(poller.clone(), &path);
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted at once after an unclean loss");
+    tokio::time::sleep(DELAY / 2).await;
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted halfway through the delay");
+    let granted = loop {
+        if let Some(granted) = mutex.try_acquire().await.unwrap() {
+            break granted;
+        }
+        assert!(closing.elapsed() < DELAY * 4, "a poll never granted a lock free for {:?}", closing.elapsed());
+        tokio::time::sleep(DELAY / 10).await;
+    };
+    let granted_at = Instant::now();
+    eprintln!("poll: granted {:?} after the close", granted_at - closing);
+    assert!(
+        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        "granted {:?} after the close",
+        granted_at - closing
+    );
+    assert_within(granted_at - closing, DELAY + SLACK, "a poll granted once the delay is over");
+    granted.release().await.unwrap();
+    drop(guard);
+    assert_no_nodes_left_while_open(&poller, &path, std::slice::from_ref(&poller), Duration::from_secs(10)).await;
+}

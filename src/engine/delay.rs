@@ -7,8 +7,8 @@
 //! (`session/cleanup.rs`, `Target::Released`): one request, as a plain delete. Everything else
 //! deletes without that write: an expired or closed session (the server deletes the node), an
 //! operator's delete, a hold whose lease ran out (the library released it for a holder that may
-//! still be running), a waiter that gave up, and Curator's and kazoo's releases, which know
-//! nothing of it. The directory's stat counts both, and no client can rewrite either count:
+//! still be running), and Curator's and kazoo's releases, which know nothing of it. (A node never
+//! handed to the application is deleted with the write too: *Give-ups and waits cut short*.) The directory's stat counts both, and no client can rewrite either count:
 //! - `version` is the number of writes of its data. Nothing but a clean release writes it (the
 //!   directory's data is the lock-delay's: documented), so it counts clean releases.
 //! - The server keeps the number of children ever created and reports `cversion` as creates plus
@@ -17,7 +17,7 @@
 //!
 //! So [`unmarked`]`(stat) = deletes − version` counts the children of this directory ever deleted
 //! without a mark, in the order the server applied them. It only grows, and it counts every
-//! unclean end of a hold: a waiter that gave up is counted too, which is only conservative. (Both
+//! unclean end of a hold. (Both
 //! counts are 32-bit on the server; the sequence counter's end — `naming`, *The counter's end* —
 //! comes first. A directory deleted and created again starts from zero: its `czxid` tells them
 //! apart.)
@@ -62,14 +62,34 @@
 //! - An acquire: one read of the directory's data in the round trip of its create; a waiter
 //!   granted after a handoff lists the directory and reads its data (one round trip, as a grant
 //!   confirmed by a listing); a semaphore lists with its stat where it listed without.
-//! - After any deletion without a mark — a waiter giving up included — the next grant waits the
-//!   delay, once (then its mark covers it). A directory that does not exist counts as unclean: it
+//! - After any deletion without a mark the next grant waits the delay, once (then its mark covers
+//!   it). A directory that does not exist counts as unclean: it
 //!   may have been reaped by the server (a container, left empty by an unclean loss), so a lock
 //!   with a delay creates its directory *persistent* (never reaped), and only the first acquire on
 //!   a new path pays the delay.
 //!
-//! `try_acquire` does not wait: the lock is not available now.
+//! # Give-ups and waits cut short
+//! Two things would otherwise keep an acquire that does not wait the delay out — `try_acquire`, an
+//! `acquire_timeout` shorter than the delay — from ever being granted after an unclean loss, since
+//! nothing but a grant that waited writes a larger mark:
+//! - **A give-up keeps the count.** A node never handed to the application (a waiter that gave
+//!   up, timed out or was dropped; a `try_acquire` refused) ended no hold, so its deletion need not
+//!   be served. It is deleted in the same `multi` as a clean release, writing the largest mark
+//!   this acquire read from the directory instance its node lives in (the directory's, else 0:
+//!   S(0) always holds), so `unmarked` does not move. A mark read is true for good; writing it over
+//!   a newer one only makes a later grant wait more (never less), and only when the two race.
+//! - **Waits seen by this process count.** A verdict `Wait(Some(u))` received at `t` proves that
+//!   the first `u` deletions without a mark happened before `t`, so S(u) holds from `t + delay`.
+//!   The process keeps the earliest such sighting per directory instance (`dir`, `czxid`,
+//!   `ctime`, as the shared view does; at most [`MAX_SIGHTINGS`]): a later verdict that needs
+//!   `u' ≤ u` stands once `t + delay` has passed, or waits only until then. A `try_acquire` refused
+//!   once is granted when it comes back after the delay (if nothing else was lost meanwhile); a
+//!   grant that waited partly in an earlier, timed-out acquire waits only the rest.
+//!
+//! `try_acquire` itself never waits: while the delay runs it finds the lock not available.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -82,6 +102,7 @@ use crate::engine::listing::Listing;
 use crate::error::{session_dead, Error, Result};
 use crate::session::cleanup::{mark_of, retry_unknown};
 use crate::session::watch::{NodeWatch, Watched};
+use crate::sync::lock;
 
 /// The lock directory's data and stat read before our create, if the lock has a lock-delay.
 pub(super) type Before = Option<std::result::Result<(Vec<u8>, zk::Stat), zk::Error>>;
@@ -122,6 +143,92 @@ pub(super) fn verdict<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item = (&
     }
 }
 
+/// How a grant with a verdict settles, with what this process has seen of the directory (module
+/// docs, *Waits seen by this process*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// The grant stands now, with this served mark.
+    Stands(u32),
+    /// The grant stands at this instant, with this served mark (`None`: it writes none).
+    At(Instant, Option<u32>),
+}
+
+/// A directory instance, as the shared view keys it (`view.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Instance {
+    dir: String,
+    czxid: i64,
+    ctime: i64,
+}
+
+/// The first `unmarked` deletions without a mark of a directory instance happened before `at`.
+#[derive(Clone, Copy, Debug)]
+struct Sighting {
+    unmarked: u32,
+    at: Instant,
+}
+
+/// The most sightings the process keeps: past it the oldest is forgotten (its lock's next grant
+/// then waits a full delay: only ever more).
+pub(super) const MAX_SIGHTINGS: usize = 1024;
+
+type Sightings = Mutex<HashMap<Instance, Sighting>>;
+
+fn sightings() -> &'static Sightings {
+    static SIGHTINGS: OnceLock<Sightings> = OnceLock::new();
+    SIGHTINGS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Settles `verdict`, decided from `counted` (the deciding listing's stat of `dir`, received no
+/// later than now), for a lock with this `delay` (module docs, *Waits seen by this process*).
+pub(super) fn settle(dir: &str, counted: &zk::Stat, verdict: Verdict, delay: Duration) -> Settled {
+    let now = Instant::now();
+    let instance = Instance { dir: dir.to_owned(), czxid: counted.czxid, ctime: counted.ctime };
+    let mut seen = lock(sightings());
+    match verdict {
+        Verdict::Stands(served) => {
+            // The directory's mark covers what we saw: the sighting is of no more use.
+            if seen.get(&instance).is_some_and(|sighting| sighting.unmarked <= served) {
+                seen.remove(&instance);
+            }
+            Settled::Stands(served)
+        },
+        Verdict::Wait(None) => Settled::At(now + delay, None),
+        Verdict::Wait(Some(unmarked)) => {
+            let at = match seen.get(&instance) {
+                // Seen at `at`, at least as many: S(unmarked) holds from `at + delay`.
+                Some(sighting) if sighting.unmarked >= unmarked => sighting.at,
+                _ => {
+                    // Seen now: the count only grows, so an older, smaller sighting is of no use.
+                    if seen.len() >= MAX_SIGHTINGS && !seen.contains_key(&instance) {
+                        let oldest = seen.iter().min_by_key(|(_, sighting)| sighting.at).map(|(key, _)| key.clone());
+                        if let Some(oldest) = oldest {
+                            seen.remove(&oldest);
+                        }
+                    }
+                    seen.insert(instance, Sighting { unmarked, at: now });
+                    now
+                },
+            };
+            match at + delay {
+                served_at if served_at <= now => Settled::Stands(unmarked),
+                served_at => Settled::At(served_at, Some(unmarked)),
+            }
+        },
+    }
+}
+
+/// The mark a give-up of a node in the directory instance of `counted` writes: the largest read
+/// from that instance, else 0 (module docs, *Give-ups and waits cut short*).
+pub(super) fn give_up_mark<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>) -> u32 {
+    marks
+        .into_iter()
+        .filter(|(_, stat)| stat.czxid == counted.czxid)
+        .filter_map(|(data, _)| mark_of(data))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The marks in `before`, if it was read.
 pub(super) fn marks_before(before: &Before) -> Option<(&[u8], &zk::Stat)> {
     match before {
@@ -136,8 +243,8 @@ pub(super) enum DelayCheck {
     NodeGone,
     /// Our server still shows this node, which keeps us waiting: wait for it on our session.
     Behind(LockChild),
-    /// The listing shows the grant: the rule's verdict.
-    Verdict(Verdict),
+    /// The listing shows the grant: its directory stat, and the rule's verdict.
+    Verdict(zk::Stat, Verdict),
 }
 
 impl OnSession<'_> {
@@ -175,19 +282,20 @@ impl OnSession<'_> {
             return Ok(DelayCheck::Behind(blocker));
         }
         let after = data.as_ref().ok().map(|(data, stat)| (data.as_slice(), stat));
-        Ok(DelayCheck::Verdict(verdict(&listing.dir_stat, marks_before(before).into_iter().chain(after))))
+        let verdict = verdict(&listing.dir_stat, marks_before(before).into_iter().chain(after));
+        Ok(DelayCheck::Verdict(listing.dir_stat, verdict))
     }
 
-    /// Waits `delay` from now, watching our node (`own_watch`, set again if its data changes):
-    /// `Some(NodeGone)` if it goes meanwhile.
+    /// Waits until `until` (a settled verdict's), watching our node (`own_watch`, set again if its
+    /// data changes): `Some(NodeGone)` if it goes meanwhile.
     pub(super) async fn serve_delay(
         &self,
         node_path: &str,
-        delay: Duration,
+        until: Instant,
         own_watch: &mut NodeWatch,
     ) -> Result<Option<Turn>> {
-        tracing::debug!(path = node_path, ?delay, "lock-delay: a node went without a clean release");
-        let until = Instant::now() + delay;
+        let rest = until.saturating_duration_since(Instant::now());
+        tracing::debug!(path = node_path, ?rest, "lock-delay: a node went without a clean release");
         loop {
             tokio::select! {
                 biased;
@@ -253,5 +361,50 @@ mod tests {
         assert_eq!(verdict(&counted, [(b"_c_x-lock-0000000001".as_slice(), &same)]), Verdict::Wait(Some(1)));
         assert_eq!(verdict(&counted, []), Verdict::Wait(Some(1)));
         assert_eq!(verdict(&stat(7, 5, 1, 3), [(one.as_slice(), &same)]), Verdict::Wait(None));
+    }
+
+    #[test]
+    fn a_wait_seen_once_is_not_waited_again_and_a_larger_count_starts_over() {
+        let delay = Duration::from_secs(3600);
+        let dir = "/delay-unit/seen";
+        let counted = stat(11, 5, 1, 1);
+        let Settled::At(first, Some(1)) = settle(dir, &counted, Verdict::Wait(Some(1)), delay) else { panic!() };
+        // Seen again: the same instant, not a new wait.
+        assert_eq!(settle(dir, &counted, Verdict::Wait(Some(1)), delay), Settled::At(first, Some(1)));
+        // A smaller count is covered by the sighting.
+        assert_eq!(settle(dir, &counted, Verdict::Wait(Some(0)), delay), Settled::At(first, Some(0)));
+        // Another directory instance (czxid) knows nothing of it.
+        let Settled::At(other, _) = settle(dir, &stat(12, 5, 1, 1), Verdict::Wait(Some(1)), delay) else { panic!() };
+        assert!(other >= first);
+        // A larger count: seen now, a full delay from now.
+        std::thread::sleep(Duration::from_millis(5));
+        let Settled::At(later, Some(2)) = settle(dir, &counted, Verdict::Wait(Some(2)), delay) else { panic!() };
+        assert!(later > first);
+        // A grant standing on a mark that covers it forgets the sighting.
+        assert_eq!(settle(dir, &counted, Verdict::Stands(2), delay), Settled::Stands(2));
+        let Settled::At(again, _) = settle(dir, &counted, Verdict::Wait(Some(2)), delay) else { panic!() };
+        assert!(again > later);
+    }
+
+    #[test]
+    fn a_wait_seen_a_delay_ago_stands() {
+        let delay = Duration::from_millis(20);
+        let dir = "/delay-unit/served";
+        let counted = stat(13, 5, 1, 1);
+        assert!(matches!(settle(dir, &counted, Verdict::Wait(Some(1)), delay), Settled::At(_, Some(1))));
+        std::thread::sleep(delay * 2);
+        assert_eq!(settle(dir, &counted, Verdict::Wait(Some(1)), delay), Settled::Stands(1));
+        // Counts that do not add up are never settled by a sighting.
+        assert!(matches!(settle(dir, &counted, Verdict::Wait(None), delay), Settled::At(_, None)));
+    }
+
+    #[test]
+    fn a_give_up_writes_only_a_mark_of_its_own_directory_instance() {
+        let counted = stat(7, 5, 1, 1);
+        let (one, three) = (mark_data(1), mark_data(3));
+        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), 1);
+        assert_eq!(give_up_mark(&counted, [(three.as_slice(), &stat(8, 0, 0, 0))]), 0);
+        assert_eq!(give_up_mark(&counted, [(b"foreign".as_slice(), &stat(7, 0, 0, 0))]), 0);
+        assert_eq!(give_up_mark(&counted, []), 0);
     }
 }

@@ -174,17 +174,24 @@ impl OnSession<'_> {
                 Some(read) => Some(read.await),
                 None => None,
             };
+            if self.lock.lock_delay.is_some() {
+                // Until handed to the application, our lease nodes end no hold (`delay.rs`).
+                let counted = listing.as_ref().map(|listing| listing.dir_stat);
+                let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
+                leases.0.iter_mut().for_each(|(pending, _)| pending.give_up_with_mark(mark));
+            }
             match self.wait_for_count(&leases.0, max_leases, listing, lock_node).await? {
                 Count::Granted(counted) => {
                     if let Some(delay) = self.lock.lock_delay {
                         // The deciding listing was taken on our session after our creates: it
                         // counts the deletion of every lease that made room for ours.
-                        let served = match delay::verdict(&counted, delay::marks_before(&before)) {
-                            delay::Verdict::Stands(served) => Some(served),
-                            delay::Verdict::Wait(served) => {
+                        let verdict = delay::verdict(&counted, delay::marks_before(&before));
+                        let served = match delay::settle(&self.lock.dir, &counted, verdict, delay) {
+                            delay::Settled::Stands(served) => Some(served),
+                            delay::Settled::At(until, served) => {
                                 // (Our lease nodes are tracked by the session monitor once granted.)
                                 let mut never = NodeWatch::never();
-                                let _ = self.serve_delay(&self.lock.dir, delay, &mut never).await?;
+                                let _ = self.serve_delay(&self.lock.dir, until, &mut never).await?;
                                 served
                             },
                         };

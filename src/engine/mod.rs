@@ -408,6 +408,12 @@ impl OnSession<'_> {
                 pending.delete_now().await?;
                 return Err(Error::SequenceWrapped { path: self.lock.dir.clone(), name });
             }
+            if self.lock.lock_delay.is_some() {
+                // Until handed to the application, our node ends no hold (`delay.rs`, *Give-ups*).
+                let counted = listing.as_ref().map(|listing| listing.dir_stat);
+                let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
+                pending.give_up_with_mark(mark);
+            }
             match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {
                 Turn::Acquired(own_watch) => {
                     let handoff = own_watch.is_some();
@@ -917,13 +923,13 @@ impl OnSession<'_> {
                     // Decided by this listing, on our session after our create: its stat counts
                     // the deletion of every node we would have waited for (`delay.rs`).
                     let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
-                    drop(listing);
-                    node.served = match verdict {
-                        delay::Verdict::Stands(served) => Some(served),
-                        delay::Verdict::Wait(_) if wait == Wait::No => return Ok(Turn::NotNow),
-                        delay::Verdict::Wait(served) => {
+                    node.served = match delay::settle(&self.lock.dir, &listing.dir_stat, verdict, delay) {
+                        delay::Settled::Stands(served) => Some(served),
+                        delay::Settled::At(..) if wait == Wait::No => return Ok(Turn::NotNow),
+                        delay::Settled::At(until, served) => {
+                            drop(listing);
                             let mut own_watch = self.watch(&node.path);
-                            if let Some(turn) = self.serve_delay(&node.path, delay, &mut own_watch).await? {
+                            if let Some(turn) = self.serve_delay(&node.path, until, &mut own_watch).await? {
                                 return Ok(turn);
                             }
                             served
@@ -1011,12 +1017,12 @@ impl OnSession<'_> {
                                 // Our server has not applied a deletion the shared view has seen:
                                 // wait for that node on our session, then decide again.
                                 DelayCheck::Behind(blocker) => break 'decided blocker,
-                                DelayCheck::Verdict(verdict) => {
-                                    node.served = match verdict {
-                                        delay::Verdict::Stands(served) => Some(served),
-                                        delay::Verdict::Wait(served) => {
+                                DelayCheck::Verdict(counted, verdict) => {
+                                    node.served = match delay::settle(&self.lock.dir, &counted, verdict, delay) {
+                                        delay::Settled::Stands(served) => Some(served),
+                                        delay::Settled::At(until, served) => {
                                             if let Some(turn) =
-                                                self.serve_delay(&node.path, delay, &mut own_watch).await?
+                                                self.serve_delay(&node.path, until, &mut own_watch).await?
                                             {
                                                 view.deleted(&ours);
                                                 return Ok(turn);

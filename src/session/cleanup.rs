@@ -30,8 +30,9 @@ pub(crate) enum Target {
     /// A node whose create reply was lost: the child of `dir` whose name starts with `protection`
     /// and whose ephemeral owner is our session, if there is one.
     Protected { dir: String, protection: String },
-    /// A held node released cleanly, on a lock with a lock-delay: deleted in one `multi` with a
-    /// write of its served mark as its directory's data (`engine/delay.rs`). Should the `multi`
+    /// A held node released cleanly, or a node never handed to the application given up, on a
+    /// lock with a lock-delay: deleted in one `multi` with a write of its served mark as its
+    /// directory's data (`engine/delay.rs`). Should the `multi`
     /// fail, the node is deleted plainly (counted as unclean: the next grant then waits the delay,
     /// which is only ever conservative).
     Released { path: String, served: u32 },
@@ -349,11 +350,30 @@ pub(crate) struct PendingNode {
     armed: bool,
     /// A create of this attempt had an unknown outcome: a node with its GUID may exist.
     maybe_applied: bool,
+    /// On a lock with a lock-delay, the served mark a give-up writes as it deletes the node (a
+    /// node never handed to the application ended no hold: `engine/delay.rs`, *Give-ups and
+    /// waits cut short*).
+    give_up_mark: Option<u32>,
 }
 
 impl PendingNode {
     pub(crate) fn new(cleanup: Cleanup, dir: &str, protection: String) -> PendingNode {
-        PendingNode { cleanup, dir: dir.to_owned(), protection, path: None, armed: true, maybe_applied: false }
+        PendingNode {
+            cleanup,
+            dir: dir.to_owned(),
+            protection,
+            path: None,
+            armed: true,
+            maybe_applied: false,
+            give_up_mark: None,
+        }
+    }
+
+    /// A give-up deletes the node (once its path is known) with a write of `served` as its
+    /// directory's data, in one `multi`: `served` must be a mark read from the directory instance
+    /// the node is in, or 0 (`engine/delay.rs`, *Give-ups and waits cut short*).
+    pub(crate) fn give_up_with_mark(&mut self, served: u32) {
+        self.give_up_mark = Some(served);
     }
 
     /// A create's outcome was unknown: it may have been applied (now or later).
@@ -397,9 +417,10 @@ impl PendingNode {
     }
 
     fn target(&self) -> Target {
-        match &self.path {
-            Some(path) => Target::Path(path.clone()),
-            None => Target::Protected { dir: self.dir.clone(), protection: self.protection.clone() },
+        match (&self.path, self.give_up_mark) {
+            (Some(path), Some(served)) => Target::Released { path: path.clone(), served },
+            (Some(path), None) => Target::Path(path.clone()),
+            (None, _) => Target::Protected { dir: self.dir.clone(), protection: self.protection.clone() },
         }
     }
 }
