@@ -80,8 +80,9 @@
 //!   a newer one only makes a later grant wait more (never less), and only when the two race.
 //! - **Waits seen by this process count.** A verdict `Wait(Some(u))` received at `t` proves that
 //!   the first `u` deletions without a mark happened before `t`, so S(u) holds from `t + delay`.
-//!   The process keeps the earliest such sighting per directory instance (`dir`, `czxid`,
-//!   `ctime`, as the shared view does; at most [`MAX_SIGHTINGS`]): a later verdict that needs
+//!   The process keeps the earliest such sighting per directory instance (its path as the
+//!   server names it, chroot included, with `czxid` and `ctime`, as the shared view is keyed:
+//!   `view.rs`; at most [`MAX_SIGHTINGS`]): a later verdict that needs
 //!   `u' ≤ u` stands once `t + delay` has passed, or waits only until then. A `try_acquire` refused
 //!   once is granted when it comes back after the delay (if nothing else was lost meanwhile); a
 //!   grant that waited partly in an earlier, timed-out acquire waits only the rest.
@@ -179,8 +180,9 @@ fn sightings() -> &'static Sightings {
     SIGHTINGS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Settles `verdict`, decided from `counted` (the deciding listing's stat of `dir`, received no
-/// later than now), for a lock with this `delay` (module docs, *Waits seen by this process*).
+/// Settles `verdict`, decided from `counted` (the deciding listing's stat of `dir`, named as the
+/// server names it, received no later than now), for a lock with this `delay` (module docs,
+/// *Waits seen by this process*).
 pub(super) fn settle(dir: &str, counted: &zk::Stat, verdict: Verdict, delay: Duration) -> Settled {
     let now = Instant::now();
     let instance = Instance { dir: dir.to_owned(), czxid: counted.czxid, ctime: counted.ctime };

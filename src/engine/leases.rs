@@ -186,7 +186,7 @@ impl OnSession<'_> {
                         // The deciding listing was taken on our session after our creates: it
                         // counts the deletion of every lease that made room for ours.
                         let verdict = delay::verdict(&counted, delay::marks_before(&before));
-                        let served = match delay::settle(&self.lock.dir, &counted, verdict, delay) {
+                        let served = match delay::settle(&self.server_dir(), &counted, verdict, delay) {
                             delay::Settled::Stands(served) => Some(served),
                             delay::Settled::At(until, served) => {
                                 // (Our lease nodes are tracked by the session monitor once granted.)

@@ -864,6 +864,12 @@ impl OnSession<'_> {
         }))
     }
 
+    /// The lock directory as the server names it (our client's chroot and the lock path): what
+    /// keys the process's tables of directory instances (`view.rs`, `delay.rs`).
+    fn server_dir(&self) -> String {
+        path::on_server(self.context.client().path(), &self.lock.dir)
+    }
+
     /// Lists the lock nodes of `queue` in the directory in queue order.
     async fn sorted_children(&self, queue: Queue) -> Result<Vec<LockChild>> {
         match retry_unknown(|| self.context.client().list_children(&self.lock.dir)).await {
@@ -923,7 +929,7 @@ impl OnSession<'_> {
                     // Decided by this listing, on our session after our create: its stat counts
                     // the deletion of every node we would have waited for (`delay.rs`).
                     let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
-                    node.served = match delay::settle(&self.lock.dir, &listing.dir_stat, verdict, delay) {
+                    node.served = match delay::settle(&self.server_dir(), &listing.dir_stat, verdict, delay) {
                         delay::Settled::Stands(served) => Some(served),
                         delay::Settled::At(..) if wait == Wait::No => return Ok(Turn::NotNow),
                         delay::Settled::At(until, served) => {
@@ -945,7 +951,7 @@ impl OnSession<'_> {
         // Wait with the process's shared view of the directory (see `engine/view.rs` for why deciding
         // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
         // the lock without listing the directory again.
-        let view = DirView::of(&self.lock.dir, queue, &listing.dir_stat);
+        let view = DirView::of(&self.server_dir(), queue, &listing.dir_stat);
         view.merge(&listing.children, ours.sequence, driver.admits_nodes_beside());
         // Whether a grant from the view must be confirmed by a listing (`view.rs`, *Nodes created
         // beside another*): decided by the latest listing, this one until we list again.
@@ -1018,7 +1024,7 @@ impl OnSession<'_> {
                                 // wait for that node on our session, then decide again.
                                 DelayCheck::Behind(blocker) => break 'decided blocker,
                                 DelayCheck::Verdict(counted, verdict) => {
-                                    node.served = match delay::settle(&self.lock.dir, &counted, verdict, delay) {
+                                    node.served = match delay::settle(&self.server_dir(), &counted, verdict, delay) {
                                         delay::Settled::Stands(served) => Some(served),
                                         delay::Settled::At(until, served) => {
                                             if let Some(turn) =

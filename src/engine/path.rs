@@ -22,6 +22,17 @@ pub fn validate_lock_path(path: &str) -> Result<()> {
     refuse_reserved(path, path)
 }
 
+/// `path` (absolute, under the client's chroot) as the server names it: `chroot` is the client's
+/// (`zookeeper_client::Client::path`, `/` for none). What identifies a znode across the clients
+/// of a process (`view.rs`, `delay.rs`): the same path under two chroots is two znodes.
+pub(crate) fn on_server(chroot: &str, path: &str) -> String {
+    match (chroot, path) {
+        ("/", path) => path.to_owned(),
+        (chroot, "/") => chroot.to_owned(),
+        (chroot, path) => format!("{chroot}{path}"),
+    }
+}
+
 /// Everything [`validate_lock_path`] checks but the reserved `/zookeeper` subtree, which depends
 /// on the client's chroot (see [`refuse_reserved`]).
 pub(crate) fn validate_syntax(path: &str) -> Result<()> {
@@ -139,6 +150,9 @@ mod tests {
     fn zookeeper_is_reserved_only_as_the_server_sees_it() {
         assert!(validate_syntax("/zookeeper/locks").is_ok());
         assert!(refuse_reserved("/zookeeper/locks", "/app/zookeeper/locks").is_ok());
+        assert_eq!(on_server("/", "/locks/a"), "/locks/a");
+        assert_eq!(on_server("/app", "/locks/a"), "/app/locks/a");
+        assert_eq!(on_server("/app", "/"), "/app");
         assert!(refuse_reserved("/zookeeperx", "/zookeeperx").is_ok());
         assert!(refuse_reserved("/locks", "/zookeeper/locks").is_err());
         assert!(refuse_reserved("/zookeeper", "/zookeeper").is_err());

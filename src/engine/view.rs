@@ -89,9 +89,14 @@
 //! node by an operator. Such a waiter can then be granted with a node already deleted; its hold
 //! reports `Lost(NodeDeleted)` as soon as its server catches up (README, "Limits").
 //!
-//! Views are keyed by the directory's path, creation zxid and creation time (from the stat of
-//! the listing), so a directory that was deleted and re-created, or the same path on another
-//! ensemble, never shares a view.
+//! Views are keyed by the directory's path *as the server names it* (the client's chroot
+//! included), creation zxid and creation time (from the stat of the listing), so a directory that
+//! was deleted and re-created never shares a view, nor do two directories created in one `multi`
+//! (same zxid, same time) that two clients of the process reach under different chroots as the
+//! same path (review I: keyed by the path under the chroot, a waiter in one chroot skipped the
+//! holder of the other's lock, its merge range covered by the first's listing, and was granted
+//! beside it). The same path on another ensemble shares a view only if its directory has the same
+//! creation zxid and millisecond — one ensemble's data restored into another (README, "Limits").
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -135,22 +135,31 @@ impl Hold {
     /// timer has ended it; for a downgraded read, lost as soon as the write hold it came from is
     /// lost before it ended, and suspended while that one is.
     pub(crate) fn state(&self) -> LockState {
-        let own = match self.context.session.state(&self.feed) {
-            LockState::Lost(reason) => LockState::Lost(reason),
-            _ if !self.has_ended() && self.lease_ran_out() => LockState::Lost(LossReason::LeaseExpired),
-            own => own,
-        };
+        let own = self.own_state();
         let Some(write) = self.downgraded_from() else { return own };
         if let LockState::Lost(_) = own {
             return own;
         }
         // Ended cleanly, the write hold is never lost any more: only a loss it was told counts.
+        // Until then, its own state — its lease read against the clock too, not only once its
+        // timer has run (review I: a read downgraded from a write whose lease had run out read
+        // `Held`, and its fenced write, checking the write node not yet deleted, was applied).
         let released = write.feed.is_released();
-        let write_state = if released { write.feed.current() } else { write.context.session.state(&write.feed) };
+        let write_state = if released { write.feed.current() } else { write.own_state() };
         match write_state {
             lost @ LockState::Lost(_) => lost,
             LockState::Suspended if !released => LockState::Suspended,
             _ => own,
+        }
+    }
+
+    /// The state of this hold's own node: the session monitor's, or `Lost(LeaseExpired)` from
+    /// the instant its lease runs out (before its timer has ended it).
+    fn own_state(&self) -> LockState {
+        match self.context.session.state(&self.feed) {
+            LockState::Lost(reason) => LockState::Lost(reason),
+            _ if !self.has_ended() && self.lease_ran_out() => LockState::Lost(LossReason::LeaseExpired),
+            own => own,
         }
     }
 
