@@ -76,7 +76,8 @@
 //!   up, timed out or was dropped; a `try_acquire` refused) ended no hold, so its deletion need not
 //!   be served. It is deleted in the same `multi` as a clean release, writing the largest mark
 //!   this acquire read from the directory instance its node lives in (the directory's, else 0:
-//!   S(0) always holds), so `unmarked` does not move. A mark read is true for good; writing it over
+//!   S(0) always holds), so `unmarked` does not move. (A read lock's downgrade node given up, and
+//!   a give-up whose `multi` is retried after a lost reply, go unmarked: only more waiting.) A mark read is true for good; writing it over
 //!   a newer one only makes a later grant wait more (never less), and only when the two race.
 //! - **Waits seen by this process count.** A verdict `Wait(Some(u))` received at `t` proves that
 //!   the first `u` deletions without a mark happened before `t`, so S(u) holds from `t + delay`.

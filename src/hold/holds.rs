@@ -204,6 +204,12 @@ impl Hold {
     /// `relinquished`, guards of it may still be alive: they are told `Lost(reason)` before the
     /// delete is sent.
     fn end(&self, relinquished: Option<LossReason>) -> Option<JoinHandle<Result<()>>> {
+        // A lease seen run out by the clock (its timer may not have run yet) ends the hold
+        // `Lost(LeaseExpired)` however it ends — released by its holder too: `Lost` is final, for
+        // its guards, its loss signal and a read downgraded from it (review J: they read `Held`
+        // again after the release) — and its node's deletion is unclean (a lock-delay waits it
+        // out, as for a lease the timer ended).
+        let relinquished = relinquished.or_else(|| self.lease_ran_out().then_some(LossReason::LeaseExpired));
         // Wakes its lease timer, if any, which then sees the hold ended and stops: it would
         // otherwise sleep out the lease (a task per leased hold, alive for as long as its lease).
         if let Some(lease) = self.lease.get() {

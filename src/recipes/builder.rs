@@ -212,9 +212,11 @@ impl<R> LockBuilder<R> {
 
     /// A lock-delay for this lock path (Chubby's, Consul's): when a node in the lock directory
     /// disappears *without a clean release* — its session expired or was closed, someone deleted
-    /// it, its hold lease ran out, a waiter gave up — no hold is granted until `delay` after the
-    /// acquirer read the directory showing it (an acquire that finds the lock free waits too, once,
-    /// unless a later clean release vouched for it). It protects a resource that cannot check
+    /// it, its hold lease ran out — no hold is granted until `delay` after the acquirer read the
+    /// directory showing it (an acquire that finds the lock free waits too, once, unless a later
+    /// clean release vouched for it). A waiter that gives up ended no hold and is not counted;
+    /// `try_acquire` finds the lock unavailable while the delay runs and takes it once the delay
+    /// since the process first saw the loss has passed. It protects a resource that cannot check
     /// fencing tokens from a holder that was paused or partitioned and does not know yet, for up to
     /// `delay`. A clean release is marked in the same request as its delete (a `multi` writing a
     /// count as the lock directory's data), so it costs no request and is never delayed. Every

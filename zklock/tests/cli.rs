@@ -1019,6 +1019,21 @@ async fn a_killed_supervisor_leaves_no_descendant_in(containment: &str) {
     wait_for_queue(&path, 0).await;
 }
 
+/// Prints these files (children's stderr) if the test is failing, and removes them.
+struct ShowOnPanic(Vec<std::path::PathBuf>);
+
+impl Drop for ShowOnPanic {
+    fn drop(&mut self) {
+        for file in &self.0 {
+            if std::thread::panicking() {
+                let text = std::fs::read_to_string(file).unwrap_or_default();
+                eprintln!("--- {} ---\n{text}", file.display());
+            }
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
 /// The next line of a child's output, within 20 s, with the instant it was read.
 async fn next_line(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
@@ -1048,8 +1063,13 @@ async fn leader_runs_one_active_instance() {
         "echo leading $ZKLOCK_FENCING_TOKEN $(date +%s%N); trap 'trap \"\" TERM; echo term $(date +%s%N); exit 0' TERM; sleep 300 & wait";
     let proxy = FaultProxy::start(server.connect_string()).await.unwrap();
     let session_timeout = format!("{}s", t.as_secs());
+    // Each instance's stderr goes to a file, shown if the test fails (CI saw `a` exit once under
+    // load, with nothing to say why).
+    let stderr_of = |id: &str| std::env::temp_dir().join(format!("zklock-leader-{id}-{}.err", std::process::id()));
+    let _shown = ShowOnPanic(vec![stderr_of("a"), stderr_of("b")]);
     let spawn = |connect: String, id: &'static str| {
         let (path, session_timeout) = (path.clone(), session_timeout.clone());
+        let stderr = std::fs::File::create(stderr_of(id)).unwrap();
         async move {
             zklock(&[
                 "leader",
@@ -1067,7 +1087,7 @@ async fn leader_runs_one_active_instance() {
             ])
             .await
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(stderr))
             .spawn()
             .unwrap()
         }
