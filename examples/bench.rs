@@ -367,7 +367,13 @@ async fn w4(addr: &str, base: &str) -> Result<(), BoxError> {
         }
         if round > 0 {
             drain_ns += last_acquire.load(SeqCst) - start;
-            lat.extend(latencies.lock().map_err(|_| "poisoned")?.drain(..));
+            let mut latencies = latencies.lock().map_err(|_| "poisoned")?;
+            if env("W4_DUMP", 0) == 1 {
+                // Each handoff of the round in order, in µs: where in the drain the tail is.
+                let us: Vec<String> = latencies.iter().map(|ns| (ns / 1000).to_string()).collect();
+                eprintln!("W4 round {round}: {}", us.join(" "));
+            }
+            lat.extend(latencies.drain(..));
         }
     }
     emit(Report {
@@ -726,6 +732,14 @@ async fn w7(addr: &str, base: &str, imp: &'static str, await_release: bool) -> R
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    // `BENCH_LOG=<filter>` (e.g. `zk_recipes=debug`): the library's tracing on stderr, to see
+    // where a run's time goes (off by default: it costs).
+    if let Ok(filter) = std::env::var("BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().collect();
     let Some(addr) = args.get(1) else {
         eprintln!("usage: {} HOST:PORT [W1,W2,W3,W4,W5,W6,W7]", args[0]);

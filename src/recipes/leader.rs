@@ -734,7 +734,9 @@ async fn elect(election: Arc<Election>) {
         if !matches!(lock(&election.state).phase, Phase::Started) {
             return; // closed: `close` aborts this task too, but may run while it is being polled
         }
-        let leadership = match election.lock.acquire().await {
+        // Boxed: the acquire's state is large, and this task lives for as long as the latch — held
+        // in place, it would stay allocated through every leadership (3.5 KB a latch; issue 24).
+        let leadership = match Box::pin(election.lock.acquire()).await {
             Ok(leadership) => leadership,
             Err(err) if retry_may_fix(&err) => {
                 warn!(election = path, %err, "leader latch: acquire failed; queueing again");
