@@ -19,8 +19,9 @@
 //!    [`ConnectionState::NewSession`]. From then on every acquire runs on the new session; the new
 //!    session gets a monitor of its own, whose evidence starts cold (`session/monitor.rs`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
@@ -139,14 +140,38 @@ enum Source {
 
 impl From<zk::Client> for RecipeClient {
     fn from(client: zk::Client) -> RecipeClient {
-        RecipeClient(Source::Fixed(SessionContext::new(&client, PLAIN, None, None)))
+        RecipeClient(Source::Fixed(plain_context(&client)))
     }
 }
 
 impl From<&zk::Client> for RecipeClient {
     fn from(client: &zk::Client) -> RecipeClient {
-        RecipeClient(Source::Fixed(SessionContext::new(client, PLAIN, None, None)))
+        RecipeClient(Source::Fixed(plain_context(client)))
     }
+}
+
+/// Plain clients' contexts by session and chroot (every plain client of one session with one
+/// chroot is the same: one connection, paths sent the same way).
+type PlainContexts = Mutex<HashMap<(i64, String), Weak<SessionContext>>>;
+
+fn plain_contexts() -> &'static PlainContexts {
+    static CONTEXTS: OnceLock<PlainContexts> = OnceLock::new();
+    CONTEXTS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The context recipes on the plain client `client` run on: one per session and chroot, shared
+/// by every recipe value built on them (a context of its own — a cleanup with a client clone — cost
+/// each recipe value about 250 B: issue 24).
+fn plain_context(client: &zk::Client) -> Arc<SessionContext> {
+    let key = (client.session_id().0, client.path().to_owned());
+    let mut contexts = lock(plain_contexts());
+    if let Some(context) = contexts.get(&key).and_then(Weak::upgrade) {
+        return context;
+    }
+    contexts.retain(|_, context| context.strong_count() > 0);
+    let context = SessionContext::new(client, PLAIN, None, None);
+    contexts.insert(key, Arc::downgrade(&context));
+    context
 }
 
 impl From<ManagedClient> for RecipeClient {
