@@ -279,13 +279,17 @@ async fn kazoo_semaphore_does_not_see_our_leases() {
     let client = client().await;
     let ours = InterProcessSemaphoreV2::new(client.clone(), &path, 1).unwrap();
     let lease = ours.acquire().await.unwrap();
-    // Max 3: kazoo counts 2 children (our directories) and takes a lease of its own.
+    // Max 3: kazoo counts our directories as holders and takes a lease of its own. `leases` holds
+    // our lease node; `locks` is an empty container once our acquire is done, and the server
+    // (checking every 500 ms here) may have reaped it by the time kazoo lists: either way kazoo
+    // is granted beside our holder.
     let mut kazoo = Holder::kazoo_semaphore(connect, &path, 3, Duration::from_secs(10));
     kazoo.expect("ACQUIRED").await;
     let line = kazoo.next().await;
     let names: Vec<&str> = line.strip_prefix("CHILDREN ").expect("children").split(',').collect();
-    assert_eq!(names.len(), 3, "{names:?}");
-    assert!(names.contains(&"leases") && names.contains(&"locks"), "{names:?}");
+    assert!(names.contains(&"leases"), "{names:?}");
+    let kazoo_own: Vec<&&str> = names.iter().filter(|name| **name != "leases" && **name != "locks").collect();
+    assert_eq!(kazoo_own.len(), 1, "kazoo's own lease node beside our directories: {names:?}");
     // Our semaphore of 1 is still held by us, and sees nothing of kazoo's lease.
     assert_eq!(lease.state(), LockState::Held);
     assert_eq!(ours.participant_nodes().await.unwrap(), vec![lease.node_path().to_owned()]);
