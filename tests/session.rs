@@ -279,6 +279,55 @@ async fn own_node_deleted_by_another_client() {
     assert_no_nodes_left(&admin, &path).await;
 }
 
+/// 5b. Many holds on one session: their own-node watches are driven together, and each still
+///     tells only its own hold — those whose state was read at once and those watched after the
+///     monitor's delay alike. Once every watch has fired (our releases fire them) the driver
+///     ends, and the next holds' watches start it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_node_watches_of_many_holds_on_one_session() {
+    let base = unique_path("own-watches");
+    let admin = client().await;
+    let session = client().await;
+    for round in 0..2 {
+        let mut guards = Vec::new();
+        for i in 0..30 {
+            let mutex = InterProcessMutex::new(session.clone(), format!("{base}/{round}-{i}")).unwrap();
+            let guard = mutex.acquire().await.unwrap();
+            if i % 2 == 0 {
+                assert_eq!(guard.state(), LockState::Held);
+            }
+            guards.push(guard);
+        }
+        // Past the monitor's own-node watch delay (100 ms): a watch set after the delete finds
+        // the node gone, which tells the hold all the same.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for guard in guards.iter().skip(1).step_by(3) {
+            admin.delete(guard.lock_path(), None).await.unwrap();
+        }
+        for (i, guard) in guards.iter().enumerate().skip(1).step_by(3) {
+            let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: hold {i} not told its node was deleted"));
+            assert_eq!(reason, LossReason::NodeDeleted);
+        }
+        for (i, guard) in guards.into_iter().enumerate() {
+            if i % 3 == 1 {
+                drop(guard);
+            } else {
+                assert_eq!(guard.state(), LockState::Held, "round {round}: hold {i} told another's loss");
+                guard.release().await.unwrap();
+            }
+        }
+        // Every watch has fired (deleted by the admin or by our releases): the driver ends.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for round in 0..2 {
+        for i in 0..30 {
+            assert_no_nodes_left(&admin, &format!("{base}/{round}-{i}")).await;
+        }
+    }
+}
+
 /// 6. The (standalone) server restarts while there are holders and waiters: everyone either
 ///    keeps the lock or is told it lost it, and the queue drains afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

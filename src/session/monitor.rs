@@ -16,7 +16,9 @@
 //!    it is lost because of the connection or the deadline has its node deleted should the
 //!    session come back, so no waiter waits for a lock its holder gave up.
 //! 4. Each hold watches its own node (a data watch, set when the holder first looks at its state,
-//!    or after [`OWN_NODE_WATCH_DELAY`]) and is `Lost(NodeDeleted)` when someone deletes it.
+//!    or after [`OWN_NODE_WATCH_DELAY`]) and is `Lost(NodeDeleted)` when someone deletes it. One
+//!    task per session drives every hold's watch ([`drive_own_watches`]); a hold keeps only its
+//!    watch's waiting state.
 //! 5. If the monitor stops for any reason but the end of its work — a panic, the runtime shutting
 //!    down — every hold it feeds becomes `Lost(MonitorStopped)`: no hold is left saying `Held`
 //!    with nobody watching.
@@ -193,6 +195,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
@@ -271,6 +274,17 @@ struct Shared {
     wake: Notify,
     /// Notified whenever the monitor finds the session's condition changed.
     health: Notify,
+    /// Own-node watches handed to the task that drives them ([`drive_own_watches`]).
+    own_watches: Mutex<OwnWatchQueue>,
+    /// Wakes the own-node watch driver: a watch was queued.
+    own_watches_wake: Notify,
+}
+
+/// Own-node watches not yet taken in by the driver, and whether the driver task runs.
+#[derive(Default)]
+struct OwnWatchQueue {
+    incoming: Vec<(Weak<HoldFeed>, Option<WatchFuture>)>,
+    running: bool,
 }
 
 #[derive(Default)]
@@ -527,6 +541,8 @@ impl Session {
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
             health: Notify::new(),
+            own_watches: Mutex::default(),
+            own_watches_wake: Notify::new(),
         });
         sessions.insert(key, Arc::downgrade(&shared));
         Session { shared }
@@ -773,36 +789,101 @@ impl Session {
         }
     }
 
+    /// Starts the watch on the hold's own node (`armed`: the one set while waiting, if any),
+    /// unless it was started. The watch is driven by the session's own-node watch task
+    /// ([`drive_own_watches`]), not by a task of its own.
     fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) {
         if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
             return;
         }
-        let watch_again =
-            |feed: &HoldFeed| -> WatchFuture { Box::pin(watch_once(feed.cleanup.clone(), feed.path.clone(), None)) };
-        let mut watch = armed.map_or_else(|| watch_again(feed), NodeWatch::into_future);
-        let feed = Arc::downgrade(feed);
-        self.shared.spawn(async move {
-            loop {
-                // Awaited even once the hold is released: our own delete fires it, and dropping
-                // an armed watch would cost a request to remove it.
-                let event = (&mut watch).await;
-                let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
-                let reason = match event {
-                    Watched::Deleted => LossReason::NodeDeleted,
-                    Watched::SessionDead(state) => terminal_reason(state),
-                    Watched::Other => {
-                        watch = watch_again(&feed);
-                        continue;
-                    },
-                    Watched::Refused(err) => {
-                        error!(lock_node = &*feed.path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
-                        return;
-                    },
-                };
-                feed.tell(LockState::Lost(reason));
+        let start = {
+            let mut queue = lock(&self.shared.own_watches);
+            queue.incoming.push((Arc::downgrade(feed), armed.map(NodeWatch::into_future)));
+            !std::mem::replace(&mut queue.running, true)
+        };
+        if start {
+            let guard = OwnWatchesGuard { shared: self.shared.clone(), finished: false };
+            self.shared.spawn(drive_own_watches(self.shared.clone(), guard));
+        } else {
+            self.shared.own_watches_wake.notify_one();
+        }
+    }
+}
+
+/// The task that drives every own-node watch of a session, while there is one: a hold costs
+/// its watch's future in one `FuturesUnordered`, not a task and a boxed future (issue 24). Each
+/// watch is still polled only when its own waker fires, so 10,000 held locks cost nothing while
+/// nothing happens to them. The task ends once no watch is left (every one fired: a hold's own
+/// release fires it) and is started again by the next.
+async fn drive_own_watches(shared: Arc<Shared>, mut guard: OwnWatchesGuard) {
+    let mut watches = FuturesUnordered::new();
+    loop {
+        let incoming = {
+            let mut queue = lock(&shared.own_watches);
+            if queue.incoming.is_empty() && watches.is_empty() {
+                queue.running = false;
+                guard.finished = true;
                 return;
             }
-        });
+            std::mem::take(&mut queue.incoming)
+        };
+        for (feed, armed) in incoming {
+            watches.push(own_watch(feed, armed));
+        }
+        // `notify_one` keeps a permit while nobody waits: a watch queued after the queue was
+        // read and before this waits wakes it all the same.
+        tokio::select! {
+            _ = shared.own_watches_wake.notified() => {},
+            Some(()) = watches.next() => {},
+        }
+    }
+}
+
+/// One hold's own-node watch: `armed` if set while waiting, else set now; the hold is told
+/// `Lost(NodeDeleted)` (or its session's end) when it fires, unless released by then.
+async fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) {
+    loop {
+        // Awaited even once the hold is released: our own delete fires it, and dropping an armed
+        // watch would cost a request to remove it.
+        let event = match armed.take() {
+            Some(watch) => watch.await,
+            None => {
+                let Some((cleanup, path)) = feed.upgrade().map(|feed| (feed.cleanup.clone(), feed.path.clone())) else {
+                    return;
+                };
+                watch_once(cleanup, path, None).await
+            },
+        };
+        let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
+        let reason = match event {
+            Watched::Deleted => LossReason::NodeDeleted,
+            Watched::SessionDead(state) => terminal_reason(state),
+            Watched::Other => continue,
+            Watched::Refused(err) => {
+                error!(lock_node = &*feed.path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
+                return;
+            },
+        };
+        feed.tell(LockState::Lost(reason));
+        return;
+    }
+}
+
+/// Should the own-node watch driver end any other way than by running out of watches (a
+/// panic, a runtime shutting down) or never start, its holds are no longer watched: they are
+/// told `Lost(MonitorStopped)`, as when the monitor stops that way.
+struct OwnWatchesGuard {
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+impl Drop for OwnWatchesGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        lock(&self.shared.own_watches).running = false;
+        self.shared.stop_holds("own-node watch driver stopped (runtime shutdown or panic): its holds are lost");
     }
 }
 
@@ -934,6 +1015,18 @@ impl Shared {
         inner.health.class(self.timeout(), now)
     }
 
+    /// Tells every tracked hold `Lost(MonitorStopped)` and stops tracking them (`why` is logged
+    /// if there were any): a task the holds rely on ended early.
+    fn stop_holds(&self, why: &'static str) {
+        let holds: Vec<Arc<HoldFeed>> = lock(&self.inner).holds.drain().map(|(_, feed)| feed).collect();
+        if !holds.is_empty() {
+            error!(session = format_args!("{:#x}", self.id), holds = holds.len(), "{why}");
+        }
+        for feed in holds {
+            feed.tell(LockState::Lost(LossReason::MonitorStopped));
+        }
+    }
+
     /// Spawns on the current runtime, or the one the session's first acquire ran on. A runtime
     /// that has shut down drops the task at once (the holds it would feed are lost, see
     /// [`StopGuard`]).
@@ -1012,20 +1105,8 @@ impl Drop for StopGuard {
         if self.finished {
             return;
         }
-        let mut inner = lock(&self.shared.inner);
-        inner.running = false;
-        let holds: Vec<Arc<HoldFeed>> = inner.holds.drain().map(|(_, feed)| feed).collect();
-        drop(inner);
-        if !holds.is_empty() {
-            error!(
-                session = format_args!("{:#x}", self.shared.id),
-                holds = holds.len(),
-                "session monitor stopped (runtime shutdown or panic): its holds are lost"
-            );
-        }
-        for feed in holds {
-            feed.tell(LockState::Lost(LossReason::MonitorStopped));
-        }
+        lock(&self.shared.inner).running = false;
+        self.shared.stop_holds("session monitor stopped (runtime shutdown or panic): its holds are lost");
     }
 }
 

@@ -64,63 +64,75 @@ pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
 }
 
 /// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
-/// own); `set` is set once the server confirmed the watch.
+/// own while it waits); `set` is set once the server confirmed the watch.
+///
+/// Setting the watch (the request, its retries) runs in a box of its own, freed once the watch
+/// is set: what is kept while waiting for the event is the client's watcher and little else
+/// (issue 24: a held lock keeps this future for as long as it is held).
 pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
     tracing::trace!(path = &*path, "setting a data watch");
-    {
-        let client = cleanup.client();
-        let path = &*path;
-        let mut backoff = Backoff::new();
-        let mut refusals = 0;
-        // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
-        // to a session without READ. Its directory's children are watched instead.
-        let mut readable = true;
-        loop {
-            let watched = if readable {
-                client.get_and_watch_data(path).await.map(|(_, _, watcher)| Some(watcher))
-            } else {
-                let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path));
-                let dir = if dir.is_empty() { "/" } else { dir };
-                client
-                    .list_and_watch_children(dir)
-                    .await
-                    .map(|(children, watcher)| children.iter().any(|child| child == name).then_some(watcher))
-            };
-            match watched {
-                Ok(Some(watcher)) => {
-                    // Only a data watch on the node itself orders its deletion before later
-                    // events of the session (see `wait_for_turn`); a directory watch does not.
-                    if let Some(set) = &set {
-                        set.store(readable, Ordering::SeqCst);
-                    }
-                    let event = watcher.changed().await;
-                    match event.event_type {
-                        zk::EventType::NodeDeleted => return Watched::Deleted,
-                        zk::EventType::Session if event.session_state.is_terminated() => {
-                            return Watched::SessionDead(event.session_state)
-                        },
-                        // The directory changed: look whether the node is still listed.
-                        zk::EventType::NodeChildrenChanged => continue,
-                        _ => return Watched::Other,
-                    }
-                },
-                // Gone (a children watch left armed is removed with its watcher).
-                Ok(None) | Err(zk::Error::NoNode) => return Watched::Deleted,
-                Err(zk::Error::NoAuth) if readable => {
-                    debug!(path, "lock node not readable; watching its directory instead");
-                    readable = false;
-                },
-                Err(err) if transient(&err) => backoff.wait().await,
-                Err(err) if session_dead(&err) => return Watched::SessionDead(client.state()),
-                Err(err) => {
-                    refusals += 1;
-                    if refusals >= MAX_WATCH_REFUSALS {
-                        return Watched::Refused(err);
-                    }
-                    warn!(path, %err, "cannot watch lock node; retrying");
-                    backoff.wait().await;
-                },
-            }
+    // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it to
+    // a session without READ. Its directory's children are watched instead.
+    let mut readable = true;
+    loop {
+        let watcher = match Box::pin(arm(&cleanup, &path, &mut readable)).await {
+            Ok(watcher) => watcher,
+            Err(watched) => return watched,
+        };
+        // Only a data watch on the node itself orders its deletion before later events of the
+        // session (see `wait_for_turn`); a directory watch does not.
+        if let Some(set) = &set {
+            set.store(readable, Ordering::SeqCst);
+        }
+        let event = watcher.changed().await;
+        match event.event_type {
+            zk::EventType::NodeDeleted => return Watched::Deleted,
+            zk::EventType::Session if event.session_state.is_terminated() => {
+                return Watched::SessionDead(event.session_state)
+            },
+            // The directory changed: look whether the node is still listed.
+            zk::EventType::NodeChildrenChanged => continue,
+            _ => return Watched::Other,
+        }
+    }
+}
+
+/// Sets a data watch on `path` (a children watch on its directory once the node proved not
+/// `readable`), retrying connection trouble; `Err` with what to report when there is nothing to
+/// wait for (the node is gone, the session dead, the watch refused).
+async fn arm(cleanup: &Cleanup, path: &str, readable: &mut bool) -> Result<zk::OneshotWatcher, Watched> {
+    let client = cleanup.client();
+    let mut backoff = Backoff::new();
+    let mut refusals = 0;
+    loop {
+        let watched = if *readable {
+            client.get_and_watch_data(path).await.map(|(_, _, watcher)| Some(watcher))
+        } else {
+            let (dir, name) = path.rsplit_once('/').unwrap_or(("/", path));
+            let dir = if dir.is_empty() { "/" } else { dir };
+            client
+                .list_and_watch_children(dir)
+                .await
+                .map(|(children, watcher)| children.iter().any(|child| child == name).then_some(watcher))
+        };
+        match watched {
+            Ok(Some(watcher)) => return Ok(watcher),
+            // Gone (a children watch left armed is removed with its watcher).
+            Ok(None) | Err(zk::Error::NoNode) => return Err(Watched::Deleted),
+            Err(zk::Error::NoAuth) if *readable => {
+                debug!(path, "lock node not readable; watching its directory instead");
+                *readable = false;
+            },
+            Err(err) if transient(&err) => backoff.wait().await,
+            Err(err) if session_dead(&err) => return Err(Watched::SessionDead(client.state())),
+            Err(err) => {
+                refusals += 1;
+                if refusals >= MAX_WATCH_REFUSALS {
+                    return Err(Watched::Refused(err));
+                }
+                warn!(path, %err, "cannot watch lock node; retrying");
+                backoff.wait().await;
+            },
         }
     }
 }
