@@ -223,6 +223,14 @@ async fn main() -> Result<(), BoxError> {
     let total: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
     let secs = window.as_secs_f64();
     let still_held = held.iter().filter(|guard| guard.state() == zk_recipes::LockState::Held).count();
+    if still_held < holds {
+        // What the others read, for the error below.
+        let mut states = std::collections::BTreeMap::<String, usize>::new();
+        for guard in held.iter().filter(|guard| guard.state() != zk_recipes::LockState::Held) {
+            *states.entry(format!("{:?}", guard.state())).or_default() += 1;
+        }
+        eprintln!("not held at the end: {states:?}");
+    }
     println!(
         "{{\"example\":\"hold_cost\",\"mode\":\"{}\",\"recipe\":\"{recipe}\",\"policy\":\"{policy_name}\",\
          \"raw_s\":{},\"holds\":{holds},\"held_at_end\":{still_held},\"session_timeout_s\":{},\

@@ -278,6 +278,10 @@ struct Shared {
     own_watches: Mutex<OwnWatchQueue>,
     /// Wakes the own-node watch driver: a watch was queued.
     own_watches_wake: Notify,
+    /// The runtime the monitor was last started on, which the own-node watch driver is spawned
+    /// on too: it shares the monitor's fate (review K: a driver started from another runtime
+    /// stalled with it, or ended with it and took healthy holds along).
+    monitor_runtime: Mutex<Option<tokio::runtime::Handle>>,
 }
 
 /// Own-node watches not yet taken in by the driver, and whether the driver task runs.
@@ -285,6 +289,8 @@ struct Shared {
 struct OwnWatchQueue {
     incoming: Vec<(Weak<HoldFeed>, Option<WatchFuture>)>,
     running: bool,
+    /// The driver took the queue and waits (or is about to): a watch queued now must wake it.
+    waiting: bool,
 }
 
 #[derive(Default)]
@@ -543,6 +549,7 @@ impl Session {
             health: Notify::new(),
             own_watches: Mutex::default(),
             own_watches_wake: Notify::new(),
+            monitor_runtime: Mutex::default(),
         });
         sessions.insert(key, Arc::downgrade(&shared));
         Session { shared }
@@ -648,11 +655,12 @@ impl Session {
         self.start(start);
         // `Held`, or `Suspended` (a lost connection under `SessionDeadline`).
         feed.apply(state);
-        if let Some(watch) = own_watch {
-            self.spawn_own_watch(&feed, Some(watch));
-        }
         if wake {
             self.shared.wake.notify_one();
+        }
+        let woke_driver = own_watch.is_some_and(|watch| self.spawn_own_watch(&feed, Some(watch)));
+        if wake || woke_driver {
+            off_this_worker();
         }
         Ok(feed)
     }
@@ -711,8 +719,8 @@ impl Session {
     /// The hold's state now: re-evaluated against the clock (the monitor may not have run yet),
     /// and the own-node watch started if it was not.
     pub(crate) fn state(&self, feed: &Arc<HoldFeed>) -> LockState {
-        if !feed.watching.load(Ordering::Relaxed) {
-            self.spawn_own_watch(feed, None);
+        if !feed.watching.load(Ordering::Relaxed) && self.spawn_own_watch(feed, None) {
+            off_this_worker();
         }
         // Also for a lost hold: its reason becomes `SessionExpired` once the client knows (see
         // `refines`; the monitor may have stopped since the loss).
@@ -785,6 +793,7 @@ impl Session {
 
     fn start(&self, stop: Option<StopGuard>) {
         if let Some(stop) = stop {
+            *lock(&self.shared.monitor_runtime) = self.shared.runtime_here();
             self.shared.spawn(monitor(self.shared.clone(), stop));
         }
     }
@@ -792,21 +801,39 @@ impl Session {
     /// Starts the watch on the hold's own node (`armed`: the one set while waiting, if any),
     /// unless it was started. The watch is driven by the session's own-node watch task
     /// ([`drive_own_watches`]), not by a task of its own.
-    fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) {
-        if feed.watching.swap(true, Ordering::SeqCst) && armed.is_none() {
-            return;
-        }
-        let start = {
+    ///
+    /// A watch that is never sent ([`NodeWatch::never`]) is not queued: the hold needs none.
+    /// Returns whether it woke or spawned the driver (see [`off_this_worker`]).
+    #[must_use]
+    fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) -> bool {
+        let armed = match armed {
+            Some(watch) => match watch.into_future() {
+                Some(watch) => Some(watch),
+                None => {
+                    feed.watching.store(true, Ordering::SeqCst);
+                    return false;
+                },
+            },
+            None if feed.watching.swap(true, Ordering::SeqCst) => return false,
+            None => None,
+        };
+        let (start, wake) = {
             let mut queue = lock(&self.shared.own_watches);
-            queue.incoming.push((Arc::downgrade(feed), armed.map(NodeWatch::into_future)));
-            !std::mem::replace(&mut queue.running, true)
+            queue.incoming.push((Arc::downgrade(feed), armed));
+            let start = !std::mem::replace(&mut queue.running, true);
+            (start, !start && std::mem::replace(&mut queue.waiting, false))
         };
         if start {
             let guard = OwnWatchesGuard { shared: self.shared.clone(), finished: false };
-            self.shared.spawn(drive_own_watches(self.shared.clone(), guard));
-        } else {
+            let driver = drive_own_watches(self.shared.clone(), guard);
+            match lock(&self.shared.monitor_runtime).clone() {
+                Some(runtime) => drop(runtime.spawn(driver)),
+                None => self.shared.spawn(driver),
+            }
+        } else if wake {
             self.shared.own_watches_wake.notify_one();
         }
+        start || wake
     }
 }
 
@@ -822,20 +849,35 @@ async fn drive_own_watches(shared: Arc<Shared>, mut guard: OwnWatchesGuard) {
             let mut queue = lock(&shared.own_watches);
             if queue.incoming.is_empty() && watches.is_empty() {
                 queue.running = false;
+                queue.waiting = false;
                 guard.finished = true;
                 return;
             }
+            // Set in the step that takes the queue: whoever queues a watch after it wakes us.
+            queue.waiting = true;
             std::mem::take(&mut queue.incoming)
         };
         for (feed, armed) in incoming {
             watches.push(own_watch(feed, armed));
         }
         // `notify_one` keeps a permit while nobody waits: a watch queued after the queue was
-        // read and before this waits wakes it all the same.
+        // read and before this waits wakes it all the same (and a stale permit costs one pass).
         tokio::select! {
             _ = shared.own_watches_wake.notified() => {},
             Some(()) = watches.next() => {},
         }
+    }
+}
+
+/// Moves a task this worker just woke or spawned out of the worker's LIFO slot, which no other
+/// worker steals from: a holder that blocks its thread after starting its hold's watch (its first
+/// `state()`, a grant) would otherwise stall the one task that drives every hold's watch, and
+/// what the session's other holds are told (review K); likewise the monitor, woken by a grant. A
+/// no-op task takes the slot instead and pushes the woken one to the worker's queue, which the
+/// other workers steal from. (With a task per hold, only the blocking holder's own watch waited.)
+fn off_this_worker() {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(tokio::spawn(async {}));
     }
 }
 
@@ -870,8 +912,9 @@ async fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) {
 }
 
 /// Should the own-node watch driver end any other way than by running out of watches (a
-/// panic, a runtime shutting down) or never start, its holds are no longer watched: they are
-/// told `Lost(MonitorStopped)`, as when the monitor stops that way.
+/// panic, a runtime shutting down) or never start, the session's holds are no longer watched:
+/// every hold it tracks is told `Lost(MonitorStopped)`, as when the monitor stops that way (the
+/// driver runs on the monitor's runtime: its shutdown stops both).
 struct OwnWatchesGuard {
     shared: Arc<Shared>,
     finished: bool,
@@ -882,7 +925,11 @@ impl Drop for OwnWatchesGuard {
         if self.finished {
             return;
         }
-        lock(&self.shared.own_watches).running = false;
+        {
+            let mut queue = lock(&self.shared.own_watches);
+            queue.running = false;
+            queue.waiting = false;
+        }
         self.shared.stop_holds("own-node watch driver stopped (runtime shutdown or panic): its holds are lost");
     }
 }
@@ -1027,11 +1074,16 @@ impl Shared {
         }
     }
 
+    /// The runtime [`spawn`](Self::spawn) spawns on from here.
+    fn runtime_here(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current().ok().or_else(|| self.runtime.get().cloned())
+    }
+
     /// Spawns on the current runtime, or the one the session's first acquire ran on. A runtime
     /// that has shut down drops the task at once (the holds it would feed are lost, see
     /// [`StopGuard`]).
     fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        match tokio::runtime::Handle::try_current().ok().or_else(|| self.runtime.get().cloned()) {
+        match self.runtime_here() {
             Some(runtime) => drop(runtime.spawn(task)),
             None => warn!(session = format_args!("{:#x}", self.id), "no tokio runtime to run the session monitor on"),
         }
@@ -1199,8 +1251,9 @@ async fn monitor(shared: Arc<Shared>, mut stop: StopGuard) {
             };
             drop(inner);
             let session = Session { shared: shared.clone() };
+            // (The monitor never blocks its worker: the driver it wakes needs no moving.)
             for feed in due.into_iter().filter(|feed| !feed.is_released()) {
-                session.spawn_own_watch(&feed, None);
+                let _ = session.spawn_own_watch(&feed, None);
             }
             (wake_at, send, class)
         };

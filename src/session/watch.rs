@@ -20,7 +20,8 @@ const MAX_WATCH_REFUSALS: usize = 3;
 pub(crate) struct NodeWatch {
     /// Set once the server confirmed the watch.
     armed: Arc<AtomicBool>,
-    fired: WatchFuture,
+    /// `None`: a watch never sent ([`never`](Self::never)).
+    fired: Option<WatchFuture>,
 }
 
 /// The future of a watch, boxed.
@@ -30,11 +31,13 @@ impl NodeWatch {
     /// A watch that is never sent and never fires, counted as armed: for a node whose deletion
     /// its owner does not need to hear of (see `LockInternals::without_own_node_watch`).
     pub(crate) fn never() -> NodeWatch {
-        NodeWatch { armed: Arc::new(AtomicBool::new(true)), fired: Box::pin(std::future::pending()) }
+        NodeWatch { armed: Arc::new(AtomicBool::new(true)), fired: None }
     }
 
-    /// The watch as a plain future (its "armed" flag no longer needed).
-    pub(crate) fn into_future(self) -> WatchFuture {
+    /// The watch as a plain future (its "armed" flag no longer needed); `None` for a watch never
+    /// sent, which would never resolve (review K: queued with the session's own-node watches,
+    /// every semaphore acquire's internal-lock hold kept one for as long as the runtime ran).
+    pub(crate) fn into_future(self) -> Option<WatchFuture> {
         self.fired
     }
 
@@ -48,7 +51,10 @@ impl Future for NodeWatch {
     type Output = Watched;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Watched> {
-        self.fired.as_mut().poll(cx)
+        match self.fired.as_mut() {
+            Some(fired) => fired.as_mut().poll(cx),
+            None => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -60,7 +66,7 @@ impl Future for NodeWatch {
 pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
     let armed = Arc::new(AtomicBool::new(false));
     let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
-    NodeWatch { armed, fired }
+    NodeWatch { armed, fired: Some(fired) }
 }
 
 /// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
