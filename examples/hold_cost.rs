@@ -37,9 +37,9 @@ mod counting_alloc;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The README's heap cost of a held lock, its mutex included (Performance; BENCHMARKS.md).
-const PUBLISHED_HEAP_PER_HELD_LOCK: u64 = 2_100;
+const PUBLISHED_HEAP_PER_HELD_LOCK: u64 = 1_800;
 /// The README's resident cost of a held lock, after `malloc_trim`.
-const PUBLISHED_RSS_PER_HELD_LOCK: u64 = 2_500;
+const PUBLISHED_RSS_PER_HELD_LOCK: u64 = 2_150;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
