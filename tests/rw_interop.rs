@@ -216,6 +216,87 @@ async fn our_reader_and_writer_queued_inside_a_curator_5_5_downgrade() {
     assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
 }
 
+/// As above, with our readers and writers queued in one burst on sessions of their own (as
+/// services start): most of them take no listing of their own but one another acquire of the
+/// process took, with Curator 5.5's read node not yet in it (`engine/listing.rs`, `Setup`). No
+/// writer of ours is granted while that read holds, and every grant — checked on the granted
+/// session right after it — has nothing blocking ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_ours_queued_inside_a_curator_5_5_downgrade() {
+    if !curator_available() {
+        return;
+    }
+    let connect = zookeeper().await.connect_string();
+    let path = unique_path("rw-curator55-burst");
+    let marker_dir = path_markers(&path);
+    let mut downgrade =
+        Holder::curator_rw_of(Curator::V5_5, connect, &path, "downgrade-on-cue", WAIT, None, Some(&marker_dir));
+    downgrade.expect("CONNECTED").await;
+    downgrade.expect("WRITE_ACQUIRED").await;
+
+    // Our sessions go through a passing proxy that counts their listings.
+    let proxy = zk_testcontainers::FaultProxy::start(connect).await.unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let connector = zookeeper().await.connector().with_session_timeout(Duration::from_secs(20));
+        sessions.push(connector.connect(&proxy.addr()).await.unwrap());
+    }
+    let listings = || {
+        let requests = proxy.requests();
+        [zk_testcontainers::op::GET_CHILDREN, zk_testcontainers::op::GET_CHILDREN2]
+            .iter()
+            .map(|op| requests.get(op).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let before = listings();
+    let writers_in = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (i, session) in sessions.iter().enumerate() {
+        let lock = InterProcessReadWriteLock::new(session.clone(), &path).unwrap();
+        let (session, path, writers_in) = (session.clone(), path.clone(), writers_in.clone());
+        let writer = i % 2 == 1;
+        tasks.push(tokio::spawn(async move {
+            let guard = if writer { lock.write_lock().acquire().await } else { lock.read_lock().acquire().await };
+            let guard = guard.unwrap();
+            let ahead = blocking_ahead(&session, &path, &guard).await;
+            if writer {
+                writers_in.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            guard.release().await.unwrap();
+            (writer, ahead)
+        }));
+    }
+    eventually(Duration::from_secs(30), "all queued", || async { children(&client().await, &path).await.len() == 9 })
+        .await;
+    // Every acquire has its listing once it watches its predecessor: wait for the count to settle.
+    let mut taken = listings();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        taken = listings();
+    }
+    let taken = taken - before;
+    assert!(taken < 8, "8 acquires at once took {taken} listings: none was shared, the test proves nothing");
+
+    downgrade.say("downgrade").await;
+    downgrade.expect("READ_ACQUIRED").await;
+    downgrade.expect("WRITE_RELEASED").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        writers_in.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a writer of ours was granted while Curator 5.5's downgraded read holds"
+    );
+    downgrade.release_now();
+    downgrade.expect("RELEASING").await;
+    downgrade.expect("RELEASED").await;
+    for task in tasks {
+        let (writer, ahead) = tokio::time::timeout(Duration::from_secs(30), task).await.expect("granted").unwrap();
+        assert!(ahead.is_empty(), "a {} was granted with {ahead:?} ahead", if writer { "writer" } else { "reader" });
+    }
+    downgrade.finish().await;
+    assert_no_nodes_left_while_open(&client().await, &path, &sessions, Duration::from_secs(10)).await;
+}
+
 /// The marker directory of the lock at `path`.
 fn path_markers(path: &str) -> String {
     format!("{path}-inside")

@@ -69,6 +69,10 @@ const MAX_NODE_LOSSES: usize = 5;
 /// harm them all.
 const MAX_UNKNOWN_CREATES: usize = 4;
 
+/// The least and the most an acquire waits for a listing another session sent (twice its
+/// create's round trip, within these).
+const SHARED_LISTING_PATIENCE: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
 /// Our lock node, once held.
 #[derive(Clone, Debug)]
 pub(crate) struct LockNode {
@@ -655,6 +659,9 @@ impl OnSession<'_> {
         let mut unknown_in_a_row = 0;
         // Levels of the lock path found missing: created with our node by the next create.
         let mut missing: Option<Vec<String>> = None;
+        // Counted as setting up among the process's acquires of this directory, which may share a
+        // listing (`listing::Setup`); not with a lock-delay, whose grant reads our own session's.
+        let setup = self.lock.lock_delay.is_none().then(|| listing::Setup::begin(&self.server_dir(), driver.queue()));
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
@@ -706,19 +713,44 @@ impl OnSession<'_> {
                     // for by the pending node, and listed by the close).
                     Error::Closed { path: self.lock.dir.clone() }
                 })??;
-            let listing = listing::after_sent_requests(client, &self.lock.dir, driver.queue());
+            // Alone (or nearly) among the process's acquires of this directory, the listing is
+            // pipelined right behind the create: one round trip. In a burst, most wait for their
+            // create's reply and share a listing that shows their node.
+            let pipelined = setup.as_ref().is_none_or(listing::Setup::pipelined);
+            let listing = pipelined.then(|| listing::after_sent_requests(client, &self.lock.dir, driver.queue()));
             match create.await {
                 Ok((stat, path, sequence)) => {
                     // A write is answered only once the leader committed it: evidence for the
                     // session's loss deadline, so a hold granted now needs no heartbeat first.
                     self.context.session.answered(sent, true);
+                    let round_trip = self.context.session.now().saturating_duration_since(sent);
                     pending.created(path.clone());
                     let czxid = if stat.is_invalid() { self.czxid_of(&path).await? } else { stat.czxid };
-                    let listing = listing.await.and_then(Result::ok);
-                    if listing.is_some() {
-                        // Sent no earlier than the create: an answer a later round pairs with.
-                        self.context.session.answered(sent, false);
-                    }
+                    let listing = match (listing, &setup) {
+                        (Some(listing), _) => {
+                            let listing = listing.await.and_then(Result::ok);
+                            if let Some(listing) = &listing {
+                                // Sent no earlier than the create: an answer a later round pairs with.
+                                self.context.session.answered(sent, false);
+                                // For the acquires that get their create's reply meanwhile.
+                                if let Some(setup) = &setup {
+                                    setup.offer(listing);
+                                }
+                            }
+                            listing
+                        },
+                        (None, Some(setup)) => {
+                            let ours = LockChild {
+                                name: path.get(self.lock.dir.len() + 1..).unwrap_or_default().to_owned(),
+                                sequence,
+                                kind,
+                            };
+                            // How long to wait for another session's listing (`Setup::listing_for`).
+                            let patience = (round_trip * 2).clamp(SHARED_LISTING_PATIENCE.0, SHARED_LISTING_PATIENCE.1);
+                            setup.listing_for(client, &self.lock.dir, &ours, czxid, patience).await
+                        },
+                        (None, None) => None,
+                    };
                     let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
                     return Ok((node, listing));
                 },
