@@ -306,7 +306,7 @@ impl OnSession<'_> {
                     Watched::Deleted => return Ok(Some(Turn::NodeGone)),
                     Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
                     Watched::Refused(err) => return Err(Error::zk("watch the lock node", node_path, err)),
-                    Watched::Other => *own_watch = self.watch(node_path),
+                    Watched::Other => *own_watch = self.watch(node_path.into()),
                 },
                 () = tokio::time::sleep_until(until) => return Ok(None),
             }

@@ -70,7 +70,7 @@ use crate::engine::driver::StandardDriver;
 use crate::engine::listing::Listing;
 use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
 use crate::error::{session_dead, Error, Result};
-use crate::session::cleanup::{retry_unknown, Cleanup, PendingNode};
+use crate::session::cleanup::{retry_unknown, PendingNode};
 use crate::session::client::SessionContext;
 use crate::session::watch::{NodeWatch, Watched};
 use crate::state::LossReason;
@@ -159,10 +159,10 @@ impl OnSession<'_> {
             for _ in 0..qty {
                 // A GUID per node, armed before its create is sent.
                 let protection = naming::protection(&Uuid::new_v4());
-                let mut pending =
-                    PendingNode::new(Cleanup::clone(&self.context.cleanup), &self.lock.dir, protection.clone());
+                let mut pending = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
                 let prefix = format!("{}/{}{}", self.lock.dir, protection, LEASE_NAME);
                 let (node, pipelined) = self.create(&prefix, &protection, &LEASE_NODES, &mut pending).await?;
+                let pipelined = self.listing_to_come(&node, pipelined).await;
                 if leases.0.is_empty() {
                     Span::current().record("sequence", node.sequence);
                 }
@@ -262,7 +262,7 @@ impl OnSession<'_> {
                 return Ok(Count::Granted(counted));
             }
             debug!(dir, children = names.len(), max_leases, "waiting for leases to be returned");
-            let watching_lock = lock_watch.get_or_insert_with(|| self.watch(lock_node));
+            let watching_lock = lock_watch.get_or_insert_with(|| self.watch(lock_node.clone()));
             let lock_event = tokio::select! {
                 biased;
                 event = &mut *watching_lock => Some(event),

@@ -226,8 +226,8 @@ fn dir_slots() -> &'static DirSlots {
 
 impl Setup {
     /// Counts an acquire of `server_dir` as setting up until dropped.
-    pub(crate) fn begin(server_dir: &str, queue: Queue) -> Setup {
-        let key = (server_dir.to_owned(), queue);
+    pub(crate) fn begin(server_dir: String, queue: Queue) -> Setup {
+        let key = (server_dir, queue);
         let mut slots = lock(dir_slots());
         let slot = slots.entry(key.clone()).or_default();
         let pipelined = slot.setting_up < PIPELINED_UP_TO;
@@ -297,7 +297,11 @@ impl Setup {
                         let (sender, receiver) = watch::channel(None);
                         slot.sent += 1;
                         slot.in_flight = Some((slot.sent, receiver));
-                        (None, Some((sender, client.get_children(dir))))
+                        {
+                            // Boxed: sent by a few acquires of a burst, but laid out in every one's
+                            // future (every queued waiter's memory) if held inline.
+                            (None, Some((sender, Box::pin(client.get_children(dir)))))
+                        }
                     },
                 }
             };
@@ -370,7 +374,7 @@ mod tests {
     #[test]
     fn a_burst_gives_its_room_back() {
         let queue: Queue = &["lock-"];
-        let burst: Vec<Setup> = (0..5_000).map(|i| Setup::begin(&format!("/listing-test/burst-{i}"), queue)).collect();
+        let burst: Vec<Setup> = (0..5_000).map(|i| Setup::begin(format!("/listing-test/burst-{i}"), queue)).collect();
         assert!(lock(dir_slots()).capacity() >= 5_000);
         drop(burst);
         let capacity = lock(dir_slots()).capacity();

@@ -343,7 +343,9 @@ impl Backoff {
 /// this hands the node to [`Cleanup`]. It is armed before the create is sent, so even a node whose
 /// create reply was never seen is found (by GUID) and deleted.
 pub(crate) struct PendingNode {
-    cleanup: Cleanup,
+    /// The session's cleanup, shared (a clone of it copies the client: part of every queued
+    /// waiter's future).
+    cleanup: Arc<Cleanup>,
     dir: String,
     protection: String,
     path: Option<String>,
@@ -357,7 +359,7 @@ pub(crate) struct PendingNode {
 }
 
 impl PendingNode {
-    pub(crate) fn new(cleanup: Cleanup, dir: &str, protection: String) -> PendingNode {
+    pub(crate) fn new(cleanup: Arc<Cleanup>, dir: &str, protection: String) -> PendingNode {
         PendingNode {
             cleanup,
             dir: dir.to_owned(),
