@@ -11,6 +11,9 @@
 //!    one round trip.
 //!    - The directory is missing: create its missing levels as container nodes *together with our
 //!      node*, in one `multi` (see `OnSession::create_with_levels`: nothing can strand an empty one).
+//!      First the directory alone (its parent usually exists); only if that fails, every level is
+//!      checked. The listing pipelined behind the `multi` brings our node's czxid, which the
+//!      `multi`'s reply lacks (`created_with_directory`).
 //!    - The create's outcome is unknown (connection lost or stalled before the reply): look for
 //!      our GUID among the children (owned by our session) before creating again, so one attempt
 //!      never leaves two nodes.
@@ -709,6 +712,8 @@ impl OnSession<'_> {
             // Through the close gate: sent before a `close()` lists the session's nodes, or not
             // at all.
             let levels = missing.take();
+            // With the levels of the lock path, our node is created with its directory.
+            let with_levels = levels.is_some();
             let create: CreateFuture<'_> = self
                 .context
                 .through_gate(|| match levels {
@@ -731,8 +736,10 @@ impl OnSession<'_> {
             // Alone (or nearly) among the process's acquires of this directory, the listing is
             // pipelined right behind the create: one round trip. In a burst, most wait for their
             // create's reply and share a listing that shows their node.
-            let pipelined = setup.as_ref().is_none_or(listing::Setup::pipelined);
-            let listing =
+            // Behind a `multi` that creates the directory, always: its create carries no stat, and
+            // this listing brings our node's czxid (`created_with_directory`).
+            let pipelined = with_levels || setup.as_ref().is_none_or(listing::Setup::pipelined);
+            let mut listing =
                 pipelined.then(|| Box::pin(listing::after_sent_requests(client, &self.lock.dir, driver.queue())));
             match create.await {
                 Ok((stat, path, sequence)) => {
@@ -741,6 +748,22 @@ impl OnSession<'_> {
                     self.context.session.answered(sent, true);
                     let round_trip = self.context.session.now().saturating_duration_since(sent);
                     pending.created(path.clone());
+                    if let (true, Some(listing)) = (with_levels, &mut listing) {
+                        let listing = listing.await.and_then(Result::ok);
+                        if let Some(listing) = &listing {
+                            // As below: an answer to a request sent no earlier than the create.
+                            self.context.session.answered(sent, false);
+                            if let Some(setup) = &setup {
+                                setup.offer(listing);
+                            }
+                        }
+                        let czxid = match created_with_directory(&stat, &path, listing.as_deref()) {
+                            Some(czxid) => czxid,
+                            None => Box::pin(self.czxid_of(&path)).await?,
+                        };
+                        let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
+                        return Ok((node, ListingToCome::Have(listing)));
+                    }
                     let czxid = if stat.is_invalid() { Box::pin(self.czxid_of(&path)).await? } else { stat.czxid };
                     let listing = match (listing, &setup) {
                         (Some(listing), _) => {
@@ -785,7 +808,10 @@ impl OnSession<'_> {
                 Err(CreateError::ChrootMissing) => return Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
                 Err(CreateError::Node(zk::Error::NoNode)) => {
                     drop(listing);
-                    missing = Box::pin(self.missing_levels()).await?;
+                    // Most often only the directory is missing (a lock path under a parent that
+                    // exists): created with our node at once. Should a level above be missing
+                    // too, that `multi` fails without effect and the levels are looked up.
+                    missing = Some(vec![self.lock.dir.clone()]);
                 },
                 Err(CreateError::Node(err)) if outcome_unknown(&err) => {
                     debug!(%err, "lock node create outcome unknown");
@@ -1180,6 +1206,28 @@ enum ListingToCome {
     /// (`listing::Setup::listing_for`). Awaited by the attempt rather than in the create, whose
     /// future every queued waiter would otherwise keep at the size of this state.
     Shared { setup: Option<listing::Setup>, patience: Duration },
+}
+
+/// The czxid of our node at `path`, created in one `multi` with its directory — whose create
+/// results carry no stat (`stat` is invalid then) — from `listing`, the directory listed right
+/// behind that `multi` on our session: `None` if it cannot tell (then read the node).
+///
+/// Why the directory's czxid is our node's:
+/// 1. The `multi` created the directory instance D and our node in it in one transaction; every
+///    operation of a transaction bears its zxid. So D's czxid is our node's.
+/// 2. The listing is answered after the `multi`, and is of D if it lists our node's name: that
+///    name (our attempt's GUID and the sequence number D's counter gave it) is in no other
+///    instance. A node of ours in another instance would be of an earlier create of this
+///    attempt, found missing (`find_protected`) before the `multi` was sent, and numbered by
+///    that instance's counter — and an instance made after D would only hold it were our node
+///    created there, which nothing of ours does once the `multi` succeeded.
+fn created_with_directory(stat: &zk::Stat, path: &str, listing: Option<&Listing>) -> Option<i64> {
+    if !stat.is_invalid() {
+        return Some(stat.czxid);
+    }
+    let name = path.rsplit('/').next()?;
+    let listing = listing?;
+    listing.children.iter().any(|child| child.name == name).then_some(listing.dir_stat.czxid)
 }
 
 /// How a create of our node (alone, or with missing levels of the lock path) failed.
