@@ -41,15 +41,6 @@ fn requests_during(before: &BTreeMap<i32, u64>, after: &BTreeMap<i32, u64>) -> B
     by_name
 }
 
-/// `Total watches` from the server's `wchs`.
-async fn total_watches() -> usize {
-    let wchs = zookeeper().await.four_letter_word("wchs").await.expect("wchs");
-    wchs.lines()
-        .find_map(|line| line.strip_prefix("Total watches:").map(|v| v.trim().parse::<usize>()))
-        .expect("Total watches in wchs")
-        .expect("a number")
-}
-
 /// How many sessions watch `path`, from the server's `wchp` (watches by path).
 async fn watchers_of(path: &str) -> usize {
     let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");

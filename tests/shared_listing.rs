@@ -26,15 +26,6 @@ fn listings(requests: &BTreeMap<i32, u64>) -> u64 {
     requests.get(&op::GET_CHILDREN2).copied().unwrap_or(0) + requests.get(&op::GET_CHILDREN).copied().unwrap_or(0)
 }
 
-/// `Total watches` from the server's `wchs`.
-async fn total_watches() -> usize {
-    let wchs = zookeeper().await.four_letter_word("wchs").await.expect("wchs");
-    wchs.lines()
-        .find_map(|line| line.strip_prefix("Total watches:").map(|v| v.trim().parse::<usize>()))
-        .expect("Total watches in wchs")
-        .expect("a number")
-}
-
 /// A session through `proxy`, with a long timeout (a stall must not end it).
 async fn via(proxy: &FaultProxy) -> zk::Client {
     let connector = zookeeper().await.connector().with_session_timeout(Duration::from_secs(30));

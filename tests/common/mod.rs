@@ -263,3 +263,12 @@ pub async fn client_moved_to_a_server_with_a_lower_limit(t: Duration) -> MovedTo
     assert!(connected_to(&ensemble, b, &client).await, "client left B");
     MovedToB { ensemble, leader, b, client }
 }
+
+/// `Total watches` from the server's `wchs`.
+pub async fn total_watches() -> usize {
+    let wchs = zookeeper().await.four_letter_word("wchs").await.expect("wchs");
+    wchs.lines()
+        .find_map(|line| line.strip_prefix("Total watches:").map(|v| v.trim().parse::<usize>()))
+        .expect("Total watches in wchs")
+        .expect("a number")
+}
