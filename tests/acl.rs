@@ -99,3 +99,50 @@ async fn builder_acls_on_a_plain_client() {
     let err = refused.try_acquire().await.unwrap_err();
     assert!(err.to_string().contains("InvalidAcl") || err.to_string().to_lowercase().contains("acl"), "{err}");
 }
+
+/// A lock node its own session may not read (the lock's ACLs leave out READ) is watched through
+/// its directory: a sibling coming and going leaves the hold `Held` (the watch is set anew and the
+/// node still listed), and the node's deletion by someone else makes it `Lost(NodeDeleted)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_node_not_readable_is_watched_through_its_directory() {
+    let observer = client().await;
+    // Its own top-level directory (others of this file make `/zkr-tests` writable by an
+    // authenticated client only): readable, so that listings work, while the lock nodes are not.
+    let path = unique_path("acl-unreadable-own").replace("/zkr-tests/", "/zkr-tests-");
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    observer.create(&path, &[], &persistent).await.unwrap();
+    let no_read = vec![zk::Acl::new(
+        zk::Permission::WRITE | zk::Permission::CREATE | zk::Permission::DELETE | zk::Permission::ADMIN,
+        zk::AuthId::anyone(),
+    )];
+    let mutex = InterProcessMutex::builder(client().await, &path).acls(no_read).build().unwrap();
+    let guard = mutex.acquire().await.unwrap();
+    assert_eq!(
+        observer.get_data(guard.lock_path()).await.unwrap_err(),
+        zk::Error::NoAuth,
+        "the node must be unreadable"
+    );
+    // The first look at the state sets the watch (on the directory: the node is not readable).
+    assert_eq!(guard.state(), LockState::Held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A sibling comes and goes: each change of the directory fires the watch, which is set again.
+    let sibling = format!("{path}/not-a-lock");
+    for _ in 0..3 {
+        observer.create(&sibling, &[], &persistent).await.unwrap();
+        observer.delete(&sibling, None).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(guard.state(), LockState::Held, "a sibling's coming and going is no loss");
+
+    // Someone else deletes our node: the hold hears of it through the directory.
+    observer.delete(guard.lock_path(), None).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await;
+    assert_eq!(
+        lost.ok(),
+        Some(zk_recipes::LossReason::NodeDeleted),
+        "the deletion must be heard (state {:?})",
+        guard.state()
+    );
+    drop(guard);
+}

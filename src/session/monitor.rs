@@ -204,7 +204,7 @@ use zookeeper_client as zk;
 use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::session::cleanup::{Cleanup, Searches, Target};
 use crate::session::clock::Clock;
-use crate::session::watch::{watch_once, NodeWatch, WatchFuture, Watched};
+use crate::session::watch::{arm, NodeWatch, WatchFuture, Watched};
 use crate::state::{LockState, LossPolicy, LossReason};
 use crate::sync::lock;
 
@@ -883,17 +883,27 @@ fn off_this_worker() {
 
 /// One hold's own-node watch: `armed` if set while waiting, else set now; the hold is told
 /// `Lost(NodeDeleted)` (or its session's end) when it fires, unless released by then.
+///
+/// Kept for as long as the hold lasts, so it keeps little (issue 24): while it waits, the hold's
+/// `Weak` feed and the client's watcher future. What setting the watch needs (the session's
+/// cleanup, the path, the retries) lives in a box freed once the watch is set, and is found again
+/// from the feed when the watch must be set anew.
 async fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) {
+    // Whether the node proved readable: a node we may not read is watched through its directory.
+    let mut readable = true;
     loop {
         // Awaited even once the hold is released: our own delete fires it, and dropping an armed
         // watch would cost a request to remove it.
         let event = match armed.take() {
             Some(watch) => watch.await,
-            None => {
-                let Some((cleanup, path)) = feed.upgrade().map(|feed| (feed.cleanup.clone(), feed.path.clone())) else {
-                    return;
-                };
-                watch_once(cleanup, path, None).await
+            None => match Box::pin(arm_own_watch(&feed, &mut readable)).await {
+                None => return,
+                Some(Err(watched)) => watched,
+                Some(Ok(watcher)) => match Watched::from_event(watcher.changed().await) {
+                    Some(watched) => watched,
+                    // The directory changed (a node not readable): is the node still listed?
+                    None => continue,
+                },
             },
         };
         let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
@@ -909,6 +919,14 @@ async fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) {
         feed.tell(LockState::Lost(reason));
         return;
     }
+}
+
+/// Sets the watch on the node of the hold `feed` feeds (see [`arm`]); `None` once the hold is
+/// gone.
+async fn arm_own_watch(feed: &Weak<HoldFeed>, readable: &mut bool) -> Option<Result<zk::OneshotWatcher, Watched>> {
+    let (cleanup, path) = feed.upgrade().map(|feed| (feed.cleanup.clone(), feed.path.clone()))?;
+    tracing::trace!(path = &*path, "setting a data watch on our own node");
+    Some(arm(&cleanup, &path, readable).await)
 }
 
 /// Should the own-node watch driver end any other way than by running out of watches (a

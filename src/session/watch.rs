@@ -69,13 +69,11 @@ pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
     NodeWatch { armed, fired: Some(fired) }
 }
 
-/// [`watch_node`] as a plain future, for a task that awaits it in place (no allocation of its
-/// own while it waits); `set` is set once the server confirmed the watch.
+/// [`watch_node`]'s future; `set` is set once the server confirmed the watch.
 ///
 /// Setting the watch (the request, its retries) runs in a box of its own, freed once the watch
-/// is set: what is kept while waiting for the event is the client's watcher and little else
-/// (issue 24: a held lock keeps this future for as long as it is held).
-pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
+/// is set: what is kept while waiting for the event is the client's watcher and little else.
+async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
     tracing::trace!(path = &*path, "setting a data watch");
     // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it to
     // a session without READ. Its directory's children are watched instead.
@@ -90,23 +88,32 @@ pub(crate) async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Optio
         if let Some(set) = &set {
             set.store(readable, Ordering::SeqCst);
         }
-        let event = watcher.changed().await;
+        if let Some(watched) = Watched::from_event(watcher.changed().await) {
+            return watched;
+        }
+    }
+}
+
+impl Watched {
+    /// What an event of a watch set by [`arm`] reports; `None` when the node's directory changed
+    /// (a children watch: the node may still be listed, arm again).
+    pub(crate) fn from_event(event: zk::WatchedEvent) -> Option<Watched> {
         match event.event_type {
-            zk::EventType::NodeDeleted => return Watched::Deleted,
+            zk::EventType::NodeDeleted => Some(Watched::Deleted),
             zk::EventType::Session if event.session_state.is_terminated() => {
-                return Watched::SessionDead(event.session_state)
+                Some(Watched::SessionDead(event.session_state))
             },
-            // The directory changed: look whether the node is still listed.
-            zk::EventType::NodeChildrenChanged => continue,
-            _ => return Watched::Other,
+            zk::EventType::NodeChildrenChanged => None,
+            _ => Some(Watched::Other),
         }
     }
 }
 
 /// Sets a data watch on `path` (a children watch on its directory once the node proved not
 /// `readable`), retrying connection trouble; `Err` with what to report when there is nothing to
-/// wait for (the node is gone, the session dead, the watch refused).
-async fn arm(cleanup: &Cleanup, path: &str, readable: &mut bool) -> Result<zk::OneshotWatcher, Watched> {
+/// wait for (the node is gone, the session dead, the watch refused). Its event is read with
+/// [`Watched::from_event`].
+pub(crate) async fn arm(cleanup: &Cleanup, path: &str, readable: &mut bool) -> Result<zk::OneshotWatcher, Watched> {
     let client = cleanup.client();
     let mut backoff = Backoff::new();
     let mut refusals = 0;
