@@ -53,13 +53,14 @@ struct Published {
 const BATCHES: Published = Published { heap: 1_800, rss: 2_150 };
 /// Locks taken all at once (`BURST=1`): the heap of the batches, and more resident memory — the
 /// pages the acquires' transient allocations shared with the holds' records (issue 24 asks 2 KB).
-const BURST: Published = Published { heap: 2_000, rss: 3_500 };
+const BURST: Published = Published { heap: 2_000, rss: 3_400 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch:
 /// create (`NoNode`), a listing pipelined behind it, the `multi` that makes the directory with the
 /// node, a listing behind that, the watch's `getData`.
-const BURST_REQUESTS_PER_HOLD: f64 = 5.0;
-/// The burst's time over that of the raw operations it needs, the median of runs.
-const BURST_TIME_PER_RAW: f64 = 1.3;
+const BURST_REQUESTS_PER_HOLD: u64 = 5;
+/// The burst's time over that of the raw operations it needs, the median of runs (five: 1.16–1.44;
+/// issue 24 asks at most 1.3).
+const BURST_TIME_PER_RAW: f64 = 1.25;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -227,12 +228,13 @@ async fn main() -> Result<(), BoxError> {
     // Every hold sets the watch on its own node after 100 ms; let them settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     // What the acquires and the holds' watches sent, beside the session's heartbeats.
-    let requests_per_hold = {
+    let requests_sent = {
         let after = proxy.requests();
         let sent = |op: i32| after.get(&op).copied().unwrap_or(0) - requests_before.get(&op).copied().unwrap_or(0);
         let all: u64 = after.values().sum::<u64>() - requests_before.values().sum::<u64>();
-        (all - sent(op::SYNC) - sent(op::PING)) as f64 / holds.max(1) as f64
+        all - sent(op::SYNC) - sent(op::PING)
     };
+    let requests_per_hold = requests_sent as f64 / holds.max(1) as f64;
     trim_heap();
     let rss_held = rss_bytes();
     let heap_held = counting_alloc::live_heap_bytes();
@@ -337,9 +339,11 @@ async fn main() -> Result<(), BoxError> {
         failed.push(format!("{rss} resident bytes per held lock: published {} + 25 %", published.rss));
     }
     if let Some(raw) = raw {
-        if requests_per_hold > BURST_REQUESTS_PER_HOLD {
+        // Exactly: fewer is a hold that never set its own-node watch, more a retry or a new
+        // request on the acquire path.
+        if requests_sent != BURST_REQUESTS_PER_HOLD * holds as u64 {
             failed.push(format!(
-                "{requests_per_hold:.2} requests per acquire and hold: published {BURST_REQUESTS_PER_HOLD}"
+                "{requests_sent} requests for {holds} acquires and holds ({requests_per_hold:.3} each): published {BURST_REQUESTS_PER_HOLD} each"
             ));
         }
         let ratio = acquired_in.as_secs_f64() / raw.as_secs_f64().max(1e-3);
