@@ -50,10 +50,10 @@ struct Published {
 }
 
 /// Locks taken 200 at a time.
-const BATCHES: Published = Published { heap: 1_800, rss: 2_150 };
+const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
 /// Locks taken all at once (`BURST=1`): the heap of the batches, and more resident memory — the
 /// pages the acquires' transient allocations shared with the holds' records (issue 24 asks 2 KB).
-const BURST: Published = Published { heap: 2_000, rss: 3_400 };
+const BURST: Published = Published { heap: 1_900, rss: 3_400 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch:
 /// create (`NoNode`), a listing pipelined behind it, the `multi` that makes the directory with the
 /// node, a listing behind that, the watch's `getData`.

@@ -888,36 +888,46 @@ fn off_this_worker() {
 /// `Weak` feed and the client's watcher future. What setting the watch needs (the session's
 /// cleanup, the path, the retries) lives in a box freed once the watch is set, and is found again
 /// from the feed when the watch must be set anew.
-async fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) {
-    // Whether the node proved readable: a node we may not read is watched through its directory.
-    let mut readable = true;
-    loop {
-        // Awaited even once the hold is released: our own delete fires it, and dropping an armed
-        // watch would cost a request to remove it.
-        let event = match armed.take() {
-            Some(watch) => watch.await,
-            None => match Box::pin(arm_own_watch(&feed, &mut readable)).await {
-                None => return,
-                Some(Err(watched)) => watched,
-                Some(Ok(watcher)) => match Watched::from_event(watcher.changed().await) {
+#[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
+fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) -> impl Future<Output = ()> + Send + 'static {
+    // An `async` block over the arguments, not an `async fn`: the arguments stay its only copy
+    // (an `async fn` keeps them twice), and nothing but the client's watcher future and the
+    // `Weak` feed is kept while the watch waits (checked with `-Zprint-type-sizes`).
+    async move {
+        // Whether the node proved readable: a node we may not read is watched through its
+        // directory.
+        let mut readable = true;
+        'watch: loop {
+            // Awaited even once the hold is released: our own delete fires it, and dropping an
+            // armed watch would cost a request to remove it.
+            let event = 'event: {
+                if let Some(watch) = armed.take() {
+                    break 'event watch.await;
+                }
+                let watcher = match Box::pin(arm_own_watch(&feed, &mut readable)).await {
+                    None => return,
+                    Some(Err(watched)) => break 'event watched,
+                    Some(Ok(watcher)) => watcher,
+                };
+                match Watched::from_event(watcher.changed().await) {
                     Some(watched) => watched,
                     // The directory changed (a node not readable): is the node still listed?
-                    None => continue,
+                    None => continue 'watch,
+                }
+            };
+            let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
+            let reason = match event {
+                Watched::Deleted => LossReason::NodeDeleted,
+                Watched::SessionDead(state) => terminal_reason(state),
+                Watched::Other => continue,
+                Watched::Refused(err) => {
+                    error!(lock_node = &*feed.path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
+                    return;
                 },
-            },
-        };
-        let Some(feed) = feed.upgrade().filter(|feed| !feed.is_released()) else { return };
-        let reason = match event {
-            Watched::Deleted => LossReason::NodeDeleted,
-            Watched::SessionDead(state) => terminal_reason(state),
-            Watched::Other => continue,
-            Watched::Refused(err) => {
-                error!(lock_node = &*feed.path, %err, "cannot watch our own lock node; a deletion by another client will only be noticed by fenced writes");
-                return;
-            },
-        };
-        feed.tell(LockState::Lost(reason));
-        return;
+            };
+            feed.tell(LockState::Lost(reason));
+            return;
+        }
     }
 }
 
