@@ -891,8 +891,9 @@ fn off_this_worker() {
 #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
 fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) -> impl Future<Output = ()> + Send + 'static {
     // An `async` block over the arguments, not an `async fn`: the arguments stay its only copy
-    // (an `async fn` keeps them twice), and nothing but the client's watcher future and the
-    // `Weak` feed is kept while the watch waits (checked with `-Zprint-type-sizes`).
+    // (an `async fn` keeps them twice, rust-lang/rust#62958), and while the watch waits only
+    // the client's watcher future, the `Weak` feed, the emptied `armed` slot and a flag are kept
+    // (checked with `-Zprint-type-sizes`: 200 B).
     async move {
         // Whether the node proved readable: a node we may not read is watched through its
         // directory.
