@@ -28,11 +28,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, info_span, warn, Instrument};
 
@@ -131,15 +131,17 @@ struct LatchHandle {
     election: Arc<Election>,
     /// The outcome of the latch's close once its work is done (`None` until then): every `close`
     /// call, the first, concurrent ones and those retried after a cancelled one, returns it.
-    closed: Arc<watch::Sender<Option<Result<()>>>>,
+    /// Made by the first `close` (a channel is 400 B, and most latches are never closed; issue 24).
+    closed: OnceLock<Arc<watch::Sender<Option<Result<()>>>>>,
 }
 
 /// What the election task shares with the latch.
 struct Election {
     lock: InterProcessMutex,
     state: Mutex<LatchState>,
-    /// Bumped after every change of `state` (wakes `await_leadership`).
-    changed: watch::Sender<u64>,
+    /// Notified after every change of `state` (wakes `await_leadership`). Inline: a `watch`
+    /// channel here was a 344 B allocation per latch (issue 24).
+    changed: Notify,
 }
 
 struct LatchState {
@@ -179,7 +181,7 @@ impl Election {
     /// Changes the state under its lock, then wakes whoever awaits a change.
     fn update<T>(&self, change: impl FnOnce(&mut LatchState) -> T) -> T {
         let output = change(&mut lock(&self.state));
-        self.changed.send_modify(|version| *version = version.wrapping_add(1));
+        self.changed.notify_waiters();
         output
     }
 }
@@ -264,8 +266,8 @@ impl LockBuilder<LeaderLatch> {
             one_shots: Vec::new(),
             next_one_shot: 0,
         };
-        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: watch::Sender::new(0) });
-        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: Arc::new(watch::Sender::new(None)) }) })
+        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: Notify::new() });
+        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: OnceLock::new() }) })
     }
 }
 
@@ -345,8 +347,12 @@ impl LeaderLatch {
     /// expired session, see [`LatchEvent::Stopped`]).
     pub async fn await_leadership(&self) -> Result<LockGuard> {
         let election = &self.inner.election;
-        let mut changed = election.changed.subscribe();
         loop {
+            // Registered before the state is read: a change in between wakes it (`update` notifies
+            // after changing the state).
+            let changed = election.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             {
                 let state = lock(&election.state);
                 match &state.phase {
@@ -360,10 +366,7 @@ impl LeaderLatch {
                     return Ok(leadership);
                 }
             }
-            // The state is changed before the version is bumped: nothing is missed in between.
-            if changed.changed().await.is_err() {
-                return Err(self.state_error("closed: it left the election"));
-            }
+            changed.await;
         }
     }
 
@@ -425,7 +428,8 @@ impl LeaderLatch {
     /// listing of the election path ([`Error::ZooKeeper`], [`Error::NoAuth`]) with which the delete
     /// of a queued node is confirmed. A dead session is no error: its nodes are gone with it.
     pub async fn close(&self) -> Result<()> {
-        let mut outcome = self.inner.closed.subscribe();
+        let closed = self.inner.closed.get_or_init(|| Arc::new(watch::Sender::new(None)));
+        let mut outcome = closed.subscribe();
         let election = &self.inner.election;
         let first = election.update(|state| {
             if matches!(std::mem::replace(&mut state.phase, Phase::Closed), Phase::Closed) {
@@ -453,7 +457,7 @@ impl LeaderLatch {
             // Every hold of the latch ends now, guards handed out or not; their deletes are sent.
             let ended = election.lock.holds().end_all(LossReason::LatchClosed);
             drop(leadership);
-            let work = Outcome { closed: self.inner.closed.clone(), path: self.path().to_owned(), result: None };
+            let work = Outcome { closed: closed.clone(), path: self.path().to_owned(), result: None };
             let confirm = confirm_close(election.clone(), task, ended, work);
             // On a task, also when `close` is polled outside any runtime (the one the session
             // remembered): a dropped `close` must not drop the work the next one waits for.
@@ -728,9 +732,14 @@ fn elected(leadership: &LockGuard) -> LatchEvent {
 /// Holds the [`Election`], never the latch: the latch's last clone going stops it (aborted at
 /// its next `.await`; dropping the acquire in progress deletes its node, as any cancelled
 /// acquire).
+///
+/// The task lives as long as the latch and spends its life in the wait for a loss, so that wait
+/// keeps little beside the loss signal's future (issue 24): the leadership's event and guard are
+/// handed over before it, and the election's path is read from the lock where needed (the task
+/// was 768 B, 640 B now).
 async fn elect(election: Arc<Election>) {
-    let path = election.lock.path().to_owned();
     loop {
+        let path = || election.lock.path();
         if !matches!(lock(&election.state).phase, Phase::Started) {
             return; // closed: `close` aborts this task too, but may run while it is being polled
         }
@@ -739,12 +748,12 @@ async fn elect(election: Arc<Election>) {
         let leadership = match Box::pin(election.lock.acquire()).await {
             Ok(leadership) => leadership,
             Err(err) if retry_may_fix(&err) => {
-                warn!(election = path, %err, "leader latch: acquire failed; queueing again");
+                warn!(election = path(), %err, "leader latch: acquire failed; queueing again");
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             },
             Err(error) => {
-                warn!(election = path, %error, "leader latch stopped: it cannot rejoin the election");
+                warn!(election = path(), %error, "leader latch stopped: it cannot rejoin the election");
                 election.update(|state| {
                     if matches!(state.phase, Phase::Started) {
                         state.phase = Phase::Stopped(error.clone());
@@ -755,24 +764,13 @@ async fn elect(election: Arc<Election>) {
                 return;
             },
         };
-        info!(election = path, node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
+        info!(election = path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
         let signal = leadership.loss_signal();
-        let event = elected(&leadership);
-        let kept = election.update(|state| {
-            if !matches!(state.phase, Phase::Started) {
-                // Closed while the grant came in: step down at once.
-                return Err(leadership);
-            }
-            state.emit(&event);
-            state.leadership = Some(leadership);
-            Ok(())
-        });
-        if let Err(leadership) = kept {
-            drop(leadership);
+        if !hand_over(&election, leadership) {
             return;
         }
         let reason = signal.lost().await;
-        warn!(election = path, %reason, "leadership lost; queueing again");
+        warn!(election = path(), %reason, "leadership lost; queueing again");
         let lost = election.update(|state| {
             state.emit(&LatchEvent::NotLeader { reason });
             state.leadership.take()
@@ -780,6 +778,22 @@ async fn elect(election: Arc<Election>) {
         // Its node was deleted with the loss (or with the session); released here all the same.
         drop(lost);
     }
+}
+
+/// Hands a started latch's new `leadership` to its state and tells its subscribers; `false` (the
+/// leadership dropped: stepped down) if the latch was closed while the grant came in.
+fn hand_over(election: &Election, leadership: LockGuard) -> bool {
+    let event = elected(&leadership);
+    let kept = election.update(|state| {
+        if !matches!(state.phase, Phase::Started) {
+            // Closed while the grant came in: step down at once (dropped with `kept`).
+            return Err(leadership);
+        }
+        state.emit(&event);
+        state.leadership = Some(leadership);
+        Ok(())
+    });
+    kept.is_ok()
 }
 
 /// Runs a leader again and again: Curator's `LeaderSelector` with `autoRequeue`.
