@@ -14,33 +14,12 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake};
 use std::time::{Duration, Instant};
 
 use common::*;
 use zk_recipes::{LatchEvent, LeaderLatch, LockState, LossReason};
 use zk_testcontainers::{op, FaultProxy};
-
-/// Runs `future` to completion on the calling thread, outside any tokio runtime.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Arc::new(Unpark(std::thread::current())).into();
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
-}
 
 /// Three first closes at once, on three threads, of each of 60 latches (latent ones, and started
 /// ones that lead): each call returns `Ok`, and no node of a started one is left.

@@ -12,9 +12,7 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake};
 use std::time::Duration;
 
 use common::*;
@@ -24,25 +22,6 @@ use zk_testcontainers::expire_session;
 /// Generous: a wake-up is a local notification, the grant one ZooKeeper round trip away.
 const WOKEN_WITHIN: Duration = Duration::from_secs(15);
 const WAITERS: usize = 24;
-
-/// Runs `future` to completion on the calling thread, outside any tokio runtime.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Arc::new(Unpark(std::thread::current())).into();
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
-}
 
 /// A started latch queued behind a one-shot leader on another session: `(the holder's
 /// leadership, the holder, the queued latch, its session)`.
