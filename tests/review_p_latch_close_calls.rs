@@ -115,17 +115,7 @@ async fn cancelled_retried_and_concurrent_closes_wait_for_the_same_work() {
     assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the session is still open");
     proxy.delay_requests(&[], Duration::ZERO);
 
-    let mut seen = Vec::new();
-    while let Some(event) = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("the end") {
-        seen.push(event);
-    }
-    assert!(
-        matches!(
-            seen.as_slice(),
-            [LatchEvent::Elected { .. }, LatchEvent::NotLeader { reason: LossReason::LatchClosed }]
-        ),
-        "{seen:?}"
-    );
+    assert_led_then_closed(&mut events).await;
     assert!(!last.has_leadership());
     assert!(last.await_leadership().await.is_err(), "a closed latch leads");
 }
@@ -169,6 +159,13 @@ async fn the_work_outlives_every_clone_and_a_dropped_latch_still_leaves() {
         handle.join().unwrap();
     }
     assert_eq!(dropped_leadership.state(), LockState::Lost(LossReason::LatchClosed), "dropped: stepped down");
+    assert_led_then_closed(&mut events).await;
+    drop(dropped_leadership);
+    assert_no_nodes_left_while_open(&observer, &dropped_path, &[session], Duration::from_secs(10)).await;
+}
+
+/// The subscriber's whole stream: exactly `Elected`, then `NotLeader(LatchClosed)`, then its end.
+async fn assert_led_then_closed(events: &mut zk_recipes::LatchEvents) {
     let mut seen = Vec::new();
     while let Some(event) = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("the end") {
         seen.push(event);
@@ -180,6 +177,4 @@ async fn the_work_outlives_every_clone_and_a_dropped_latch_still_leaves() {
         ),
         "{seen:?}"
     );
-    drop(dropped_leadership);
-    assert_no_nodes_left_while_open(&observer, &dropped_path, &[session], Duration::from_secs(10)).await;
 }

@@ -111,13 +111,7 @@ async fn every_waiter_is_woken_by_a_close() {
     for round in 0..4 {
         let path = unique_path("rp-wake-close");
         let (held, holder, latch, session) = queued_behind_a_leader(&path).await;
-        let mut waiters = Vec::new();
-        for _ in 0..WAITERS {
-            let latch = latch.clone();
-            waiters.push(tokio::spawn(async move { latch.await_leadership().await }));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(waiters.iter().all(|w| !w.is_finished()), "a waiter returned while another leads");
+        let mut waiters = parked_waiters(&latch).await;
         let gate = Arc::new(tokio::sync::Barrier::new(9));
         for _ in 0..8 {
             let (latch, gate) = (latch.clone(), gate.clone());
@@ -156,13 +150,7 @@ async fn every_waiter_is_woken_by_a_stop() {
     let path = unique_path("rp-wake-stop");
     let (held, holder, latch, session) = queued_behind_a_leader(&path).await;
     let mut events = latch.subscribe();
-    let mut waiters = Vec::new();
-    for _ in 0..WAITERS {
-        let latch = latch.clone();
-        waiters.push(tokio::spawn(async move { latch.await_leadership().await }));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(waiters.iter().all(|w| !w.is_finished()), "a waiter returned while another leads");
+    let waiters = parked_waiters(&latch).await;
     expire_session(zk.connect_string(), &session).await.expect("expire");
     for (i, waiter) in waiters.into_iter().enumerate() {
         let awaited = tokio::time::timeout(Duration::from_secs(30), waiter)
@@ -280,4 +268,16 @@ async fn waiters_outside_any_runtime_are_woken() {
     drop(holder_b);
     assert_no_nodes_left_while_open(&observer, &granted_path, &[session_a], Duration::from_secs(5)).await;
     assert_no_nodes_left_while_open(&observer, &closed_path, &[session_b], Duration::from_secs(5)).await;
+}
+
+/// `WAITERS` tasks parked in `await_leadership` on `latch`, which another leads.
+async fn parked_waiters(latch: &LeaderLatch) -> Vec<tokio::task::JoinHandle<zk_recipes::Result<LockGuard>>> {
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let latch = latch.clone();
+        waiters.push(tokio::spawn(async move { latch.await_leadership().await }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "a waiter returned while another leads");
+    waiters
 }
