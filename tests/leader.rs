@@ -597,6 +597,54 @@ async fn a_started_latch_leads_until_closed_and_close_removes_its_node() {
     assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the session is still open");
 }
 
+/// A started latch keeps its place in the election after a lost leadership by queueing again — a
+/// different task from the one that queued it first (the first ends at the grant) — and `close()`
+/// or dropping the latch still leaves the election from there: the requeued node is gone when
+/// `close` returns (checked while the latch's session is open), and a dropped latch's soon after.
+/// Fails if the task that serves the latch after its first grant is not the one `close` stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_requeued_after_a_loss_leaves_the_election_on_close_and_on_drop() {
+    let path = unique_path("latch-requeued");
+    let observer = client().await;
+    let (a_session, b_session, c_session) = (client().await, client().await, client().await);
+    let a = LeaderLatch::builder(a_session.clone(), &path).id("a").build().unwrap();
+    let b = LeaderLatch::builder(b_session.clone(), &path).id("b").build().unwrap();
+    let c = LeaderLatch::builder(c_session.clone(), &path).id("c").build().unwrap();
+    a.start().unwrap();
+    let leadership = a.await_leadership().await.unwrap();
+    b.start().unwrap();
+    eventually(Duration::from_secs(5), "b queued", || async { a.participants().await.unwrap().len() == 2 }).await;
+    c.start().unwrap();
+    eventually(Duration::from_secs(5), "c queued", || async { a.participants().await.unwrap().len() == 3 }).await;
+    // a's leadership taken (its node deleted by another session): it queues again, behind c; then
+    // b's, the next leader's, and b queues again behind a.
+    let b_leadership = {
+        observer.delete(leadership.lock_path(), None).await.unwrap();
+        b.await_leadership().await.unwrap()
+    };
+    eventually(Duration::from_secs(5), "a queued again", || async { a.participants().await.unwrap().len() == 3 }).await;
+    observer.delete(b_leadership.lock_path(), None).await.unwrap();
+    drop(c.await_leadership().await.unwrap()); // (dropping a guard of a latch's leadership does not step down)
+    eventually(Duration::from_secs(5), "b queued again", || async { a.participants().await.unwrap().len() == 3 }).await;
+    assert_eq!(leadership.state(), LockState::Lost(LossReason::NodeDeleted));
+    let ids: Vec<String> = a.participants().await.unwrap().iter().map(|p| p.id()).collect();
+    assert_eq!(ids, ["c", "a", "b"], "a and b each queued again after their loss");
+
+    a.close().await.unwrap();
+    let ids: Vec<String> = c.participants().await.unwrap().iter().map(|p| p.id()).collect();
+    assert_eq!(ids, ["c", "b"], "a requeued latch's node is gone when close returns");
+    drop(b);
+    eventually(Duration::from_secs(5), "a dropped requeued latch leaves the election", || async {
+        queued_nodes(&observer, &path, "-latch-").await.len() == 1
+    })
+    .await;
+    for session in [&a_session, &b_session] {
+        assert!(matches!(session.check_stat("/").await, Ok(Some(_))), "the sessions are still open");
+    }
+    c.close().await.unwrap();
+    assert!(children(&observer, &path).await.is_empty());
+}
+
 /// `close()` of a started latch whose create was sent but not yet answered: the attempt is
 /// abandoned, the node its create makes is deleted by its GUID in the background, and `close()`
 /// returns only after that delete (checked at once by another session, while the latch's session

@@ -726,34 +726,38 @@ fn elected(leadership: &LockGuard) -> LatchEvent {
     }
 }
 
-/// A started latch's election, for as long as it is started: queue, lead until the leadership is
-/// lost, queue again (Curator's `reset()` after a loss).
+/// A started latch's first term in the election: queue, then hand the leadership over and leave
+/// the rest of the election to [`serve`] (Curator's `start()`).
 ///
-/// Holds the [`Election`], never the latch: the latch's last clone going stops it (aborted at
-/// its next `.await`; dropping the acquire in progress deletes its node, as any cancelled
-/// acquire).
-///
-/// The task lives as long as the latch and spends its life in the wait for a loss, so that wait
-/// keeps little beside the loss signal's future (issue 24): the leadership's event and guard are
-/// handed over before it, and the election's path is read from the lock where needed (the task
-/// was 768 B, 640 B now).
+/// This task is the latch's only one while it queues and ends at the grant, so the acquire's
+/// state lives in it, not in a box of its own: what a burst of latches allocates while they queue
+/// is freed as whole tasks, and the task that lives as long as the latch is allocated at the grant
+/// (issue 24: a latch's resident memory in a burst).
 async fn elect(election: Arc<Election>) {
+    if let Some(leadership) = queue(&election).await {
+        hand_over(&election, leadership, true);
+    }
+}
+
+/// Queues the latch's node and waits for its turn; `None` once the latch is closed, or stopped by
+/// an error no retry can fix.
+///
+/// Holds the [`Election`], never the latch: the latch's last clone going stops the task (aborted
+/// at its next `.await`; dropping the acquire in progress deletes its node, as any cancelled
+/// acquire).
+async fn queue(election: &Election) -> Option<LockGuard> {
     loop {
-        let path = || election.lock.path();
         if !matches!(lock(&election.state).phase, Phase::Started) {
-            return; // closed: `close` aborts this task too, but may run while it is being polled
+            return None; // closed: `close` aborts this task too, but may run while it is being polled
         }
-        // Boxed: the acquire's state is large, and this task lives for as long as the latch — held
-        // in place, it would stay allocated through every leadership (3.5 KB a latch; issue 24).
-        let leadership = match Box::pin(election.lock.acquire()).await {
-            Ok(leadership) => leadership,
+        match election.lock.acquire().await {
+            Ok(leadership) => return Some(leadership),
             Err(err) if retry_may_fix(&err) => {
-                warn!(election = path(), %err, "leader latch: acquire failed; queueing again");
+                warn!(election = election.lock.path(), %err, "leader latch: acquire failed; queueing again");
                 tokio::time::sleep(RETRY_PAUSE).await;
-                continue;
             },
             Err(error) => {
-                warn!(election = path(), %error, "leader latch stopped: it cannot rejoin the election");
+                warn!(election = election.lock.path(), %error, "leader latch stopped: it cannot rejoin the election");
                 election.update(|state| {
                     if matches!(state.phase, Phase::Started) {
                         state.phase = Phase::Stopped(error.clone());
@@ -761,29 +765,44 @@ async fn elect(election: Arc<Election>) {
                     state.emit(&LatchEvent::Stopped { error });
                     state.listeners.clear();
                 });
-                return;
+                return None;
             },
-        };
-        info!(election = path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
-        let signal = leadership.loss_signal();
-        if !hand_over(&election, leadership) {
-            return;
         }
+    }
+}
+
+/// A started latch's election after its first grant, for as long as it is started: lead until the
+/// leadership is lost, queue again (Curator's `reset()` after a loss), and so on.
+///
+/// The task lives as long as the latch and spends its life in the wait for a loss, so that wait
+/// keeps little beside the loss signal's future (issue 24): the leadership's event and guard are
+/// handed over before it, and the queueing after a loss is boxed (the acquire's state is large).
+async fn serve(election: Arc<Election>, mut signal: LossSignal) {
+    loop {
         let reason = signal.lost().await;
-        warn!(election = path(), %reason, "leadership lost; queueing again");
+        warn!(election = election.lock.path(), %reason, "leadership lost; queueing again");
         let lost = election.update(|state| {
             state.emit(&LatchEvent::NotLeader { reason });
             state.leadership.take()
         });
         // Its node was deleted with the loss (or with the session); released here all the same.
         drop(lost);
+        let Some(leadership) = Box::pin(queue(&election)).await else { return };
+        match hand_over(&election, leadership, false) {
+            Some(next) => signal = next,
+            None => return,
+        }
     }
 }
 
-/// Hands a started latch's new `leadership` to its state and tells its subscribers; `false` (the
+/// Hands a started latch's new `leadership` to its state and tells its subscribers. The first
+/// grant also starts [`serve`], as the latch's task (under the state's lock: `close`, which takes
+/// the task under it, stops whichever runs). Returns the leadership's loss signal, or `None` (the
 /// leadership dropped: stepped down) if the latch was closed while the grant came in.
-fn hand_over(election: &Election, leadership: LockGuard) -> bool {
+fn hand_over(election: &Arc<Election>, leadership: LockGuard, first: bool) -> Option<LossSignal> {
+    info!(election = election.lock.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
     let event = elected(&leadership);
+    let signal = leadership.loss_signal();
     let kept = election.update(|state| {
         if !matches!(state.phase, Phase::Started) {
             // Closed while the grant came in: step down at once (dropped with `kept`).
@@ -791,9 +810,13 @@ fn hand_over(election: &Election, leadership: LockGuard) -> bool {
         }
         state.emit(&event);
         state.leadership = Some(leadership);
+        if first {
+            let serving = serve(election.clone(), signal.clone()).instrument(tracing::Span::current());
+            state.task = Some(tokio::spawn(serving));
+        }
         Ok(())
     });
-    kept.is_ok()
+    kept.ok().map(|()| signal)
 }
 
 /// Runs a leader again and again: Curator's `LeaderSelector` with `autoRequeue`.
