@@ -20,8 +20,12 @@
 //! (`requests_per_hold`).
 //! `RECIPE=mutex|read|latch|lease` picks what is held (a mutex, a read lock, a started leader
 //! latch's leadership, a mutex hold with an hour's lease) and `POLICY=suspended|deadline` the loss
-//! policy. The mutex runs, batches and burst, and the latch's burst are checked against the
-//! README's figures.
+//! policy. The mutex runs (batches, and the burst from either thread) and the latch's burst are
+//! checked against the README's figures.
+//! `SPAWN=main|worker` says where the acquires are spawned from: the main thread (outside the
+//! runtime's workers, the default) or a task on a worker, as a service's code mostly runs. With
+//! glibc it matters: each thread allocates from an arena of its own, and a task spawned on a
+//! worker is allocated among the holds' records (BENCHMARKS.md, issue 24).
 //! `HEAP_SIZES=1` also prints (stderr) the allocation sizes the held locks keep, with how many of
 //! each per hold: where the memory is.
 //! Prints one JSON line. Resident memory is read after `malloc_trim` (glibc) on both sides, so it
@@ -58,8 +62,11 @@ const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
 /// holds' records (issue 24 asks 2 KB).
 const BURST: Published = Published { heap: 1_900, rss: 3_400 };
 /// Started leader latches' leaderships taken all at once (`RECIPE=latch BURST=1`): the latch (about
-/// 700 B) and its election task (640 B) beside the hold.
-const LATCH_BURST: Published = Published { heap: 2_800, rss: 6_400 };
+/// 700 B) and the task serving its election (512 B) beside the hold.
+const LATCH_BURST: Published = Published { heap: 2_700, rss: 6_000 };
+/// Mutexes taken all at once from a worker (`BURST=1 SPAWN=worker`): the same heap, and the
+/// acquires' tasks freed among the holds' records.
+const BURST_FROM_WORKER: Published = Published { heap: 1_900, rss: 4_900 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch:
 /// create (`NoNode`), a listing pipelined behind it, the `multi` that makes the directory with the
 /// node, a listing behind that, the watch's `getData`.
@@ -185,6 +192,11 @@ async fn raw_operations(client: &zookeeper_client::Client, base: &str, holds: us
 async fn main() -> Result<(), BoxError> {
     let holds = env("HOLDS", 10_000) as usize;
     let burst = env("BURST", 0) == 1;
+    let from_worker = match std::env::var("SPAWN").as_deref() {
+        Ok("main") | Err(_) => false,
+        Ok("worker") => true,
+        Ok(other) => return Err(format!("SPAWN={other}: main or worker").into()),
+    };
     let recipe = std::env::var("RECIPE").unwrap_or_else(|_| "mutex".into());
     let (policy, policy_name) = match std::env::var("POLICY").as_deref() {
         Ok("deadline") => (LossPolicy::SessionDeadline, "deadline"),
@@ -231,7 +243,15 @@ async fn main() -> Result<(), BoxError> {
     let mut held = Vec::with_capacity(holds);
     let mut latches = Vec::new();
     for batch in mutexes.chunks(if burst { holds.max(1) } else { 200 }) {
-        let handles: Vec<_> = batch.iter().map(|lock| tokio::spawn(lock.clone().acquire())).collect();
+        let spawn_all =
+            |batch: Vec<Lock>| -> Vec<_> { batch.into_iter().map(|lock| tokio::spawn(lock.acquire())).collect() };
+        let handles = match from_worker {
+            false => spawn_all(batch.to_vec()),
+            true => {
+                let batch = batch.to_vec();
+                tokio::spawn(async move { spawn_all(batch) }).await?
+            },
+        };
         for handle in handles {
             let (lock, guard) = handle.await??;
             // Each guard's state read once (a service looks at what it holds).
@@ -294,12 +314,13 @@ async fn main() -> Result<(), BoxError> {
         eprintln!("not held at the end: {states:?}");
     }
     println!(
-        "{{\"example\":\"hold_cost\",\"mode\":\"{}\",\"recipe\":\"{recipe}\",\"policy\":\"{policy_name}\",\
+        "{{\"example\":\"hold_cost\",\"mode\":\"{}\",\"spawn\":\"{}\",\"recipe\":\"{recipe}\",\"policy\":\"{policy_name}\",\
          \"raw_s\":{},\"raw_before_s\":{},\"raw_after_s\":{},\"holds\":{holds},\"held_at_end\":{still_held},\"session_timeout_s\":{},\
          \"acquire_s\":{:.2},\"requests_per_hold\":{requests_per_hold:.2},\"window_s\":{},\"requests_per_s\":{:.3},\"sync_per_s\":{:.3},\"ping_per_s\":{:.3},\
          \"other_per_s\":{:.3},\"heartbeat_period_s\":{:.3},\"heap_bytes_per_mutex\":{},\
          \"heap_bytes_per_hold\":{},\"heap_bytes_per_held_lock\":{},\"rss_bytes_per_held_lock\":{}}}",
         if burst { "burst" } else { "batches" },
+        if from_worker { "worker" } else { "main" },
         raw.map_or("null".into(), |raw| format!("{:.2}", raw.as_secs_f64())),
         raw_before.map_or("null".into(), |raw| format!("{:.2}", raw.as_secs_f64())),
         raw_after.map_or("null".into(), |raw| format!("{:.2}", raw.as_secs_f64())),
@@ -321,6 +342,7 @@ async fn main() -> Result<(), BoxError> {
     drop(mutexes);
     let published = match (recipe.as_str(), burst) {
         ("mutex", false) => BATCHES,
+        ("mutex", true) if from_worker => BURST_FROM_WORKER,
         ("mutex", true) => BURST,
         ("latch", true) => LATCH_BURST,
         // Measured, not checked: no figure is published for these.
