@@ -47,8 +47,8 @@ pub(crate) struct Hold {
     acquired_by: Owner,
     /// Its node was created revocable.
     pub(crate) revocable: bool,
-    /// The recipe's metrics label.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    /// The recipe's metrics label (only with metrics: every held lock has a `Hold`).
+    #[cfg(feature = "metrics")]
     recipe: &'static str,
     life: Mutex<Life>,
     /// Its lease, once it has one (`Holds::lease`).
@@ -302,6 +302,7 @@ impl Holds {
             downgraded_from,
             acquired_by: Owner::current(),
             revocable,
+            #[cfg(feature = "metrics")]
             recipe: self.recipe,
             life: Mutex::new(Life { guards: 1, ..Life::default() }),
             lease: OnceLock::new(),
