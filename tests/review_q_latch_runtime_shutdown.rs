@@ -1,0 +1,76 @@
+//! Review Q (`92da35d`: the first grant spawns the latch's serving task with `tokio::spawn`, under
+//! the latch state's std mutex). The runtime a latch was started on is shut down while the
+//! client's session lives on another runtime.
+//!
+//! - Kept (passes): shut down at swept moments just after the first grant (the serving task spawned
+//!   or about to be, maybe never polled): the shutdown neither panics nor hangs, and afterwards
+//!   `close` from the other runtime returns `Ok` with the node gone (session open), or the drop of
+//!   the latch leaves nothing soon after.
+//!
+//! Shut down while the latch's create is in flight, its node was left and `close` returned `Ok`
+//! (a defect older than `92da35d`): `tests/pending/review_q_runtime_shutdown_create_in_flight.rs`
+//! holds the reproduction until it is fixed (issue 24's note).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use zk_recipes::LeaderLatch;
+
+/// Starts `latch` on a runtime of its own on another thread, waits there for `ready`, then spins
+/// `delay` and shuts that runtime down; panics if the shutdown panicked.
+async fn start_then_shut_down<F, Fut>(latch: &LeaderLatch, ready: F, delay: Duration)
+where
+    F: FnOnce(LeaderLatch) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let latch = latch.clone();
+    let side = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            latch.start().unwrap();
+            ready(latch).await;
+        });
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            std::hint::spin_loop();
+        }
+        drop(runtime); // the latch's task is dropped wherever it is
+    });
+    tokio::task::spawn_blocking(move || side.join()).await.unwrap().expect("the side runtime's shutdown panicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latch_runtime_shut_down_just_after_the_first_grant_leaves_a_closable_latch() {
+    let observer = client().await;
+    let session = client().await;
+    for round in 0..30u32 {
+        let path = unique_path("rq-rt-granted");
+        let latch = LeaderLatch::builder(session.clone(), &path).id(format!("r{round}")).build().unwrap();
+        // Ready once leadership shows (`has_leadership` reads the hold, set before the handover).
+        let ready = |latch: LeaderLatch| async move {
+            while !latch.has_leadership() {
+                tokio::task::yield_now().await;
+            }
+        };
+        start_then_shut_down(&latch, ready, Duration::from_micros(u64::from(round % 15) * 50)).await;
+        if round % 2 == 0 {
+            tokio::time::timeout(Duration::from_secs(20), latch.close())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: close did not return"))
+                .unwrap_or_else(|err| panic!("round {round}: close: {err}"));
+            let left = children(&observer, &path).await;
+            assert!(left.is_empty(), "round {round}: close returned Ok with {left:?} left");
+        } else {
+            drop(latch);
+            eventually(Duration::from_secs(5), "a dropped latch leaves", || async {
+                children(&observer, &path).await.is_empty()
+            })
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(children(&observer, &path).await.is_empty(), "round {round}: a node appeared later");
+        assert!(!session.state().is_terminated());
+    }
+}
