@@ -6,10 +6,12 @@
 //!   or about to be, maybe never polled): the shutdown neither panics nor hangs, and afterwards
 //!   `close` from the other runtime returns `Ok` with the node gone (session open), or the drop of
 //!   the latch leaves nothing soon after.
-//!
-//! Shut down while the latch's create is in flight, its node was left and `close` returned `Ok`
-//! (a defect older than `92da35d`): `tests/pending/review_q_runtime_shutdown_create_in_flight.rs`
-//! holds the reproduction until it is fixed (issue 24's note).
+//! - Shut down while the latch's create is in flight (swept across it): `close` from the other
+//!   runtime returns `Ok` only with the node gone. It failed before the fix (a defect older than
+//!   `92da35d`, found by review Q): the dropped attempt's delete by GUID was spawned on the
+//!   runtime that was shutting down, which dropped it unrun, and `close` did not wait for it. A
+//!   deletion dropped unfinished now starts again on the session's remembered runtime
+//!   (`session/cleanup.rs`, `Search`).
 
 mod common;
 
@@ -72,5 +74,37 @@ async fn the_latch_runtime_shut_down_just_after_the_first_grant_leaves_a_closabl
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(children(&observer, &path).await.is_empty(), "round {round}: a node appeared later");
         assert!(!session.state().is_terminated());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latch_runtime_shut_down_while_its_create_is_in_flight_leaves_its_node() {
+    let observer = client().await;
+    let session = client().await;
+    let mut grants = Vec::new();
+    for _ in 0..3 {
+        let latch = LeaderLatch::new(session.clone(), unique_path("rq-rt-calibrate")).unwrap();
+        let started = Instant::now();
+        latch.start().unwrap();
+        drop(latch.await_leadership().await.unwrap());
+        grants.push(started.elapsed());
+        latch.close().await.unwrap();
+    }
+    grants.sort();
+    let grant = grants[1];
+    for round in 0..40u32 {
+        let path = unique_path("rq-rt-in-flight");
+        let latch = LeaderLatch::builder(session.clone(), &path).id(format!("r{round}")).build().unwrap();
+        // Swept across the create: 0.3 .. 1.3 x the time a grant takes from `start`.
+        let delay = grant * (6 + round % 20) / 20;
+        start_then_shut_down(&latch, |_| async {}, delay).await;
+        let leads = latch.has_leadership();
+        latch.close().await.unwrap();
+        let left = children(&observer, &path).await;
+        assert!(!session.state().is_terminated());
+        assert!(
+            left.is_empty(),
+            "round {round} (shut down {delay:?} after start, leading: {leads}): close returned Ok with {left:?} left"
+        );
     }
 }

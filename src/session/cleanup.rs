@@ -105,13 +105,65 @@ pub(crate) struct Searches {
     done: Notify,
 }
 
-/// Counts a deletion by GUID for as long as its task lives (also one dropped unrun).
-struct Search(Arc<Searches>);
+/// Counts a background deletion for as long as its task lives (also one dropped unrun), and starts
+/// it once more if the task is dropped before the deletion ended.
+///
+/// A task is dropped unfinished when its runtime shuts down: a lock's attempt dropped by that
+/// shutdown spawns its node's deletion on the current runtime, the one shutting down, which drops
+/// it at once (review Q). Were that the end, the node would stay until the session ends and
+/// [`Cleanup::searches_done`] would not wait for it (a latch's `close` from another runtime then
+/// returned `Ok` with its node there). So the deletion is started again on the runtime the session
+/// remembered ([`Cleanup::runtime`]'s fallback), once: counted before this one stops counting, so
+/// `searches_done` never sees the count at 0 between the two. If that runtime is gone too, the
+/// node goes away when its session ends (as with no runtime at all).
+struct Search {
+    searches: Arc<Searches>,
+    /// What starts the deletion again, until its task ends it (`None` then, and in the restarted
+    /// one).
+    unfinished: Option<Restart>,
+}
+
+/// A deletion to start again on `runtime` (if the session remembered one) if its first task is
+/// dropped unfinished.
+struct Restart {
+    runtime: Option<Handle>,
+    client: zk::Client,
+    target: Target,
+    gone: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Search {
+    /// The deletion ended (whatever its outcome): nothing to start again. The callback to run if
+    /// the node is gone, handed back.
+    fn finished(&mut self) -> Option<Box<dyn FnOnce() + Send>> {
+        self.unfinished.take().and_then(|restart| restart.gone)
+    }
+}
 
 impl Drop for Search {
     fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.done.notify_waiters();
+        if let Some(Restart { runtime: Some(runtime), client, target, gone }) = self.unfinished.take() {
+            // A marked delete started again is a plain one (its `multi` may have been applied).
+            let target = match target {
+                Target::Released { path, .. } => Target::Path(path),
+                target => target,
+            };
+            // (Also at every runtime's shutdown with deletions in flight: the session's own runtime
+            // drops this one at once, and it is done.)
+            debug!(?target, "a lock node's deletion was dropped unfinished; starting it again");
+            self.searches.running.fetch_add(1, Ordering::SeqCst);
+            let again = Search { searches: self.searches.clone(), unfinished: None };
+            drop(runtime.spawn(async move {
+                let _again = again;
+                let result = delete_until_gone(client, target, None).await;
+                if let (Ok(()), Some(gone)) = (&result, gone) {
+                    gone();
+                }
+                result
+            }));
+        }
+        if self.searches.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.searches.done.notify_waiters();
         }
     }
 }
@@ -195,7 +247,11 @@ impl Cleanup {
         // deletion on the session, by GUID or by path (one retried after a connection loss
         // included).
         self.searches.running.fetch_add(1, Ordering::SeqCst);
-        let search = Search(self.searches.clone());
+        // Started again on the session's remembered runtime should this task be dropped unfinished
+        // (see `Search`).
+        let restart =
+            Restart { runtime: self.runtime.get().cloned(), client: client.clone(), target: target.clone(), gone };
+        let mut search = Search { searches: self.searches.clone(), unfinished: Some(restart) };
         let first: Option<FirstDelete> = match &target {
             Target::Path(path) => Some(Box::pin(client.delete(path, None))),
             // Sent by the task (the `multi` borrows the client): a release marked for a
@@ -203,9 +259,8 @@ impl Cleanup {
             Target::Released { .. } | Target::Protected { .. } => None,
         };
         Some(handle.spawn(async move {
-            let _search = search;
             let result = delete_until_gone(client, target, first).await;
-            if let (Ok(()), Some(gone)) = (&result, gone) {
+            if let (Ok(()), Some(gone)) = (&result, search.finished()) {
                 gone();
             }
             result
