@@ -369,8 +369,9 @@ impl LockInternals {
         self.context().cleanup.runtime()
     }
 
-    /// Resolves once every abandoned attempt's node on the current session is deleted (or the
-    /// session is dead): their deletion by GUID runs in the background (`Cleanup::searches_done`).
+    /// Resolves once every background deletion on the current session is done — an abandoned
+    /// attempt's node (by GUID) or a released or lost one (by path) — or the session is dead
+    /// (`Cleanup::searches_done`).
     pub(crate) async fn settled(&self) {
         self.context().cleanup.searches_done().await;
     }

@@ -114,8 +114,15 @@ pub(crate) struct Searches {
 /// [`Cleanup::searches_done`] would not wait for it (a latch's `close` from another runtime then
 /// returned `Ok` with its node there). So the deletion is started again on the runtime the session
 /// remembered ([`Cleanup::runtime`]'s fallback), once: counted before this one stops counting, so
-/// `searches_done` never sees the count at 0 between the two. If that runtime is gone too, the
-/// node goes away when its session ends (as with no runtime at all).
+/// `searches_done` never sees the count at 0 between the two.
+///
+/// Limits (review Q's second reader; the next step is to park such a deletion, still counted, for
+/// the next `searches_done` to run on its own runtime):
+/// - The remembered runtime is the one current when the session's first recipe was built. If
+///   that is the runtime shutting down, the restart is dropped at once too, and the node goes
+///   away when its session ends (as with no runtime at all), with `searches_done` not waiting.
+/// - If it is a current-thread runtime alive but no longer driven, the restart never runs, and
+///   `searches_done` waits until it does.
 struct Search {
     searches: Arc<Searches>,
     /// What starts the deletion again, until its task ends it (`None` then, and in the restarted

@@ -256,9 +256,11 @@ struct Shared {
     id: i64,
     /// The connection's owner: a managed client's id, `0` for a plain client.
     owner: u64,
-    /// The runtime the monitor, the own-node watches and cleanup run on (the first acquire's).
+    /// The runtime the monitor, the own-node watches and cleanup run on: the one current when
+    /// the session's first recipe was built (`Cleanup::new`), else at its first acquire.
     runtime: Arc<OnceLock<tokio::runtime::Handle>>,
-    /// The deletions by GUID in flight on the session (`Cleanup::searches_done`).
+    /// The background deletions in flight on the session, by GUID or by path
+    /// (`Cleanup::searches_done`).
     searches: Arc<Searches>,
     /// A client of the session, for heartbeats and its state only: paths are always sent
     /// through the recipe's own client, whose chroot may differ.
