@@ -61,19 +61,8 @@ async fn a_close_racing_the_grant_leaves_nothing_and_tells_one_story() {
     let session = client().await;
 
     // How long a grant takes here: start → await_leadership on a new path.
-    let mut grants = Vec::new();
-    for _ in 0..5 {
-        let path = unique_path("rp-grant-calibrate");
-        let latch = LeaderLatch::new(session.clone(), &path).unwrap();
-        let started = Instant::now();
-        latch.start().unwrap();
-        drop(latch.await_leadership().await.unwrap());
-        grants.push(started.elapsed());
-        latch.close().await.unwrap();
-    }
-    grants.sort();
-    let grant = grants[grants.len() / 2];
-    println!("a grant takes {grant:?} (median of {grants:?})");
+    let grant = latch_grant_time(&session, 5).await;
+    println!("a grant takes {grant:?} (median of 5)");
 
     let (mut untouched, mut cancelled, mut stepped_down, mut elected) = (0, 0, 0, 0);
     for round in 0..ROUNDS {

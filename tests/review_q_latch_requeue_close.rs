@@ -121,17 +121,7 @@ async fn a_close_or_drop_while_requeued_behind_another_leader_leaves_nothing() {
 async fn a_drop_across_the_first_term_leaves_nothing() {
     let observer = client().await;
     let session = client().await;
-    let mut grants = Vec::new();
-    for _ in 0..3 {
-        let latch = LeaderLatch::new(session.clone(), unique_path("rq-calibrate")).unwrap();
-        let started = Instant::now();
-        latch.start().unwrap();
-        drop(latch.await_leadership().await.unwrap());
-        grants.push(started.elapsed());
-        latch.close().await.unwrap();
-    }
-    grants.sort();
-    let grant = grants[1];
+    let grant = latch_grant_time(&session, 3).await;
     for round in 0..60u32 {
         let path = unique_path("rq-drop-first");
         let latch = LeaderLatch::new(session.clone(), &path).unwrap();

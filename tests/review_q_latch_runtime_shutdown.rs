@@ -81,17 +81,7 @@ async fn the_latch_runtime_shut_down_just_after_the_first_grant_leaves_a_closabl
 async fn the_latch_runtime_shut_down_while_its_create_is_in_flight_leaves_its_node() {
     let observer = client().await;
     let session = client().await;
-    let mut grants = Vec::new();
-    for _ in 0..3 {
-        let latch = LeaderLatch::new(session.clone(), unique_path("rq-rt-calibrate")).unwrap();
-        let started = Instant::now();
-        latch.start().unwrap();
-        drop(latch.await_leadership().await.unwrap());
-        grants.push(started.elapsed());
-        latch.close().await.unwrap();
-    }
-    grants.sort();
-    let grant = grants[1];
+    let grant = latch_grant_time(&session, 3).await;
     for round in 0..40u32 {
         let path = unique_path("rq-rt-in-flight");
         let latch = LeaderLatch::builder(session.clone(), &path).id(format!("r{round}")).build().unwrap();

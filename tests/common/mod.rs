@@ -273,6 +273,22 @@ pub async fn total_watches() -> usize {
         .expect("a number")
 }
 
+/// How long a started `LeaderLatch` takes to lead here, on `session` (`start` → `await_leadership`
+/// on a new path): the median of `runs`, for tests that time a close or a drop across a grant.
+pub async fn latch_grant_time(session: &zk::Client, runs: usize) -> Duration {
+    let mut grants = Vec::new();
+    for _ in 0..runs.max(1) {
+        let latch = zk_recipes::LeaderLatch::new(session.clone(), unique_path("latch-grant-time")).unwrap();
+        let started = Instant::now();
+        latch.start().unwrap();
+        drop(latch.await_leadership().await.unwrap());
+        grants.push(started.elapsed());
+        latch.close().await.unwrap();
+    }
+    grants.sort();
+    grants[grants.len() / 2]
+}
+
 /// Runs `future` to completion on the calling thread, outside any tokio runtime (for code that
 /// must work without one).
 pub fn block_on<F: Future>(future: F) -> F::Output {
