@@ -98,3 +98,105 @@ async fn the_latch_runtime_shut_down_while_its_create_is_in_flight_leaves_its_no
         );
     }
 }
+
+/// The same sweep, with the latch built inside the runtime that is shut down, as its session's
+/// first recipe: the runtime the session remembers for background work is the dying one. A
+/// deletion that runtime drops unfinished is parked, still counted, and `close` from the other
+/// runtime runs it (`session/cleanup.rs`, `Search`): `close` returns `Ok` only with the node gone.
+/// Before parking, the deletion was started again on the remembered runtime, which dropped it at
+/// once, and `close` returned `Ok` with the node left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latch_built_on_a_runtime_shut_down_while_its_create_is_in_flight_leaves_its_node() {
+    let observer = client().await;
+    let grant = latch_grant_time(&client().await, 3).await;
+    let mut in_flight = 0;
+    for round in 0..40u32 {
+        // A new session each round: its first recipe is the one built on the side runtime.
+        let session = client().await;
+        let path = unique_path("rq-rt-first-recipe");
+        let delay = grant * (6 + round % 20) / 20;
+        let (built, id) = (session.clone(), format!("r{round}"));
+        let (path_there, side_path) = (path.clone(), path.clone());
+        let side = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+            let latch = runtime.block_on(async {
+                let latch = LeaderLatch::builder(built, &path_there).id(id).build().unwrap();
+                latch.start().unwrap();
+                latch
+            });
+            let started = Instant::now();
+            while started.elapsed() < delay {
+                std::hint::spin_loop();
+            }
+            drop(runtime);
+            latch
+        });
+        let latch = tokio::task::spawn_blocking(move || side.join())
+            .await
+            .unwrap()
+            .unwrap_or_else(|_| panic!("round {round}: the side runtime's shutdown panicked ({side_path})"));
+        let leads = latch.has_leadership();
+        if !leads {
+            in_flight += 1;
+        }
+        tokio::time::timeout(Duration::from_secs(20), latch.close())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: close did not return"))
+            .unwrap_or_else(|err| panic!("round {round}: close: {err}"));
+        let left = children(&observer, &path).await;
+        assert!(!session.state().is_terminated());
+        assert!(
+            left.is_empty(),
+            "round {round} (shut down {delay:?} after start, leading: {leads}): close returned Ok with {left:?} left"
+        );
+        drop(session);
+    }
+    // The sweep must have caught creates in flight, or it tested nothing new.
+    assert!(in_flight >= 5, "only {in_flight} of 40 rounds shut down before the grant");
+}
+
+/// The session remembers a current-thread runtime that is alive but no longer driven (it built the
+/// session's first recipe on a thread that then stopped driving it), and the latch is started on
+/// a third runtime shut down while its create is in flight: the parked deletion's task on the
+/// remembered runtime never runs, and `close` from the test's runtime runs it itself. Before
+/// parking, the deletion was started again on the remembered runtime only, and `close` waited for
+/// it for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_deletion_runs_in_close_when_the_remembered_runtime_is_not_driven() {
+    let observer = client().await;
+    let session = client().await;
+    let remembering = session.clone();
+    let (idle, first) = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        // The session's first recipe: the session remembers this runtime for as long as one of
+        // its recipes lives.
+        let first =
+            runtime.block_on(async move { zk_recipes::InterProcessMutex::new(remembering, "/zkr-tests/rq-idle") });
+        (runtime, first.unwrap())
+    })
+    .join()
+    .unwrap();
+    let grant = latch_grant_time(&session, 3).await;
+    let mut in_flight = 0;
+    for round in 0..30u32 {
+        let path = unique_path("rq-rt-idle");
+        let latch = LeaderLatch::builder(session.clone(), &path).id(format!("r{round}")).build().unwrap();
+        let delay = grant * (6 + round % 20) / 20;
+        start_then_shut_down(&latch, |_| async {}, delay).await;
+        let leads = latch.has_leadership();
+        if !leads {
+            in_flight += 1;
+        }
+        tokio::time::timeout(Duration::from_secs(20), latch.close())
+            .await
+            .unwrap_or_else(|_| panic!("round {round} (shut down {delay:?} after start): close did not return"))
+            .unwrap_or_else(|err| panic!("round {round}: close: {err}"));
+        let left = children(&observer, &path).await;
+        assert!(left.is_empty(), "round {round} (leading: {leads}): close returned Ok with {left:?} left");
+    }
+    assert!(!session.state().is_terminated());
+    assert!(in_flight >= 5, "only {in_flight} of 30 rounds shut down before the grant");
+    drop(first);
+    // Dropped where blocking is allowed (its parked tasks go with it).
+    tokio::task::spawn_blocking(move || drop(idle)).await.unwrap();
+}

@@ -11,9 +11,10 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -21,6 +22,7 @@ use tracing::{debug, error, warn};
 use zookeeper_client as zk;
 
 use crate::error::{session_dead, transient, Error, Result};
+use crate::sync::lock;
 
 /// What to delete.
 #[derive(Clone, Debug)]
@@ -100,43 +102,88 @@ pub(crate) struct Cleanup {
 /// The background deletions running on one session.
 #[derive(Debug, Default)]
 pub(crate) struct Searches {
+    /// Deletions not yet ended: running, or parked.
     running: AtomicUsize,
-    /// Notified when `running` drops to 0.
+    /// Notified when `running` drops to 0, and when a deletion is parked.
     done: Notify,
+    /// Deletions whose task was dropped unfinished, waiting for a runtime to run them (see
+    /// `Search`). Each is counted in `running`.
+    parked: Mutex<Vec<Restart>>,
 }
 
-/// Counts a background deletion for as long as its task lives (also one dropped unrun), and starts
-/// it once more if the task is dropped before the deletion ended.
+impl Searches {
+    /// Parks `restart` (its count moves with it), wakes [`Cleanup::searches_done`] to run it, and
+    /// asks the session's remembered runtime to run it too.
+    fn park(self: &Arc<Self>, mut restart: Restart) {
+        // A marked delete started again is a plain one (its `multi` may have been applied).
+        if let Target::Released { path, .. } = restart.target {
+            restart.target = Target::Path(path);
+        }
+        debug!(target = ?restart.target, "a lock node's deletion was dropped unfinished; parked to start again");
+        let runtime = restart.runtime.clone();
+        lock(&self.parked).push(restart);
+        self.done.notify_waiters();
+        if let Some(runtime) = runtime {
+            // Takes one parked deletion (whichever: `searches_done` may have taken this one) when
+            // it runs. On a runtime shutting down it is dropped unpolled, owning nothing.
+            let searches = self.clone();
+            drop(runtime.spawn(async move {
+                let parked = lock(&searches.parked).pop();
+                if let Some(restart) = parked {
+                    searches.resume(restart).await;
+                }
+            }));
+        }
+    }
+
+    /// Runs a parked deletion to its end; dropped unfinished, it is parked again.
+    async fn resume(self: Arc<Self>, restart: Restart) {
+        let (client, target) = (restart.client.clone(), restart.target.clone());
+        let mut search = Search { searches: self, unfinished: Some(restart) };
+        let result = delete_until_gone(client, target, None).await;
+        if let (Ok(()), Some(gone)) = (&result, search.finished()) {
+            gone();
+        }
+    }
+}
+
+/// Counts a background deletion for as long as it has not ended (also while its task is dropped
+/// unrun), and parks it if its task is dropped before the deletion ended.
 ///
 /// A task is dropped unfinished when its runtime shuts down: a lock's attempt dropped by that
 /// shutdown spawns its node's deletion on the current runtime, the one shutting down, which drops
 /// it at once (review Q). Were that the end, the node would stay until the session ends and
 /// [`Cleanup::searches_done`] would not wait for it (a latch's `close` from another runtime then
-/// returned `Ok` with its node there). So the deletion is started again on the runtime the session
-/// remembered ([`Cleanup::runtime`]'s fallback), once: counted before this one stops counting, so
-/// `searches_done` never sees the count at 0 between the two.
+/// returned `Ok` with its node there). So the deletion is parked in [`Searches`], still counted,
+/// and started again by whichever comes first:
+/// - a task spawned on the runtime the session remembered ([`Cleanup::runtime`]'s fallback);
+/// - [`Cleanup::searches_done`], which runs parked deletions itself, on the runtime polling it.
 ///
-/// Limits (review Q's second reader; the next step is to park such a deletion, still counted, for
-/// the next `searches_done` to run on its own runtime):
-/// - The remembered runtime is the one current when the session's first recipe was built. If
-///   that is the runtime shutting down, the restart is dropped at once too, and the node goes
-///   away when its session ends (as with no runtime at all), with `searches_done` not waiting.
-/// - If it is a current-thread runtime alive but no longer driven, the restart never runs, and
-///   `searches_done` waits until it does.
+/// Either may be lost: the remembered runtime may be the one shutting down (it drops the task
+/// unpolled, and the deletion stays parked), or a current-thread runtime no longer driven (the
+/// task never runs; `searches_done` takes the deletion first). A deletion started again and dropped
+/// unfinished once more is parked again. So `searches_done` never returns while a parked deletion
+/// has not ended, and it ends it. Without a `searches_done` (no latch `close`), a deletion parked with
+/// no live runtime stays parked, and its node goes away when the session ends.
 struct Search {
     searches: Arc<Searches>,
-    /// What starts the deletion again, until its task ends it (`None` then, and in the restarted
-    /// one).
+    /// What starts the deletion again, until its task ends it (`None` then).
     unfinished: Option<Restart>,
 }
 
-/// A deletion to start again on `runtime` (if the session remembered one) if its first task is
-/// dropped unfinished.
+/// A deletion to start again if its task is dropped unfinished; `runtime`: the runtime the session
+/// remembered, if any.
 struct Restart {
     runtime: Option<Handle>,
     client: zk::Client,
     target: Target,
     gone: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for Restart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Restart").field("target", &self.target).finish_non_exhaustive()
+    }
 }
 
 impl Search {
@@ -149,27 +196,10 @@ impl Search {
 
 impl Drop for Search {
     fn drop(&mut self) {
-        if let Some(Restart { runtime: Some(runtime), client, target, gone }) = self.unfinished.take() {
-            // A marked delete started again is a plain one (its `multi` may have been applied).
-            let target = match target {
-                Target::Released { path, .. } => Target::Path(path),
-                target => target,
-            };
-            // (Also at every runtime's shutdown with deletions in flight: the session's own runtime
-            // drops this one at once, and it is done.)
-            debug!(?target, "a lock node's deletion was dropped unfinished; starting it again");
-            self.searches.running.fetch_add(1, Ordering::SeqCst);
-            let again = Search { searches: self.searches.clone(), unfinished: None };
-            drop(runtime.spawn(async move {
-                let _again = again;
-                let result = delete_until_gone(client, target, None).await;
-                if let (Ok(()), Some(gone)) = (&result, gone) {
-                    gone();
-                }
-                result
-            }));
-        }
-        if self.searches.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if let Some(restart) = self.unfinished.take() {
+            // Still counted, now by the parked deletion.
+            self.searches.park(restart);
+        } else if self.searches.running.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.searches.done.notify_waiters();
         }
     }
@@ -187,17 +217,29 @@ impl Cleanup {
 
     /// Resolves once no background deletion runs on this cleanup's session (started by any recipe
     /// on it, by GUID or by path): every node given to a cleanup before is deleted then, or the
-    /// session is dead. Cancel safe.
+    /// session is dead. Runs the deletions parked by a runtime's shutdown itself (see `Search`).
+    /// Cancel safe: a parked deletion it was running is parked again.
     pub(crate) async fn searches_done(&self) {
+        let mut resumed = FuturesUnordered::new();
         loop {
             let done = self.searches.done.notified();
             tokio::pin!(done);
-            // Registered before the count is read: a drop to 0 in between is not missed.
+            // Registered before the count is read: a drop to 0 (or a park) in between is not
+            // missed.
             done.as_mut().enable();
+            let parked = std::mem::take(&mut *lock(&self.searches.parked));
+            resumed.extend(parked.into_iter().map(|restart| self.searches.clone().resume(restart)));
             if self.searches.running.load(Ordering::SeqCst) == 0 {
                 return;
             }
-            done.await;
+            if resumed.is_empty() {
+                done.await;
+            } else {
+                tokio::select! {
+                    () = &mut done => {},
+                    _ = resumed.next() => {},
+                }
+            }
         }
     }
 
@@ -254,8 +296,7 @@ impl Cleanup {
         // deletion on the session, by GUID or by path (one retried after a connection loss
         // included).
         self.searches.running.fetch_add(1, Ordering::SeqCst);
-        // Started again on the session's remembered runtime should this task be dropped unfinished
-        // (see `Search`).
+        // Parked to start again should this task be dropped unfinished (see `Search`).
         let restart =
             Restart { runtime: self.runtime.get().cloned(), client: client.clone(), target: target.clone(), gone };
         let mut search = Search { searches: self.searches.clone(), unfinished: Some(restart) };
