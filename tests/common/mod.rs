@@ -75,9 +75,16 @@ pub async fn assert_no_nodes_left_while_open(observer: &zk::Client, path: &str, 
         if start.elapsed() > limit {
             let mut owners = Vec::new();
             for child in &left {
-                let owner =
-                    observer.check_stat(&format!("{path}/{child}")).await.ok().flatten().map(|s| s.ephemeral_owner);
-                owners.push(format!("{child} (session {:#x})", owner.unwrap_or(0)));
+                let stat = observer.check_stat(&format!("{path}/{child}")).await.ok().flatten();
+                let owner = stat.map_or(0, |stat| stat.ephemeral_owner);
+                // Whether the node's session is one of `open` (and in what state), or another one
+                // (a session the test did not keep open, or one that ended with its node left).
+                let among = match open.iter().find(|client| client.session_id().0 == owner) {
+                    Some(client) => format!("open, {}", client.state()),
+                    None => "not among the open sessions".to_owned(),
+                };
+                let czxid = stat.map(|stat| stat.czxid);
+                owners.push(format!("{child} (session {owner:#x}: {among}; czxid {czxid:?})"));
             }
             panic!("lock nodes left under {path} after {limit:?} while their sessions are open: {owners:?}");
         }
