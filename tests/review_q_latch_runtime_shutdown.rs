@@ -10,8 +10,8 @@
 //!   runtime returns `Ok` only with the node gone. It failed before the fix (a defect older than
 //!   `92da35d`, found by review Q): the dropped attempt's delete by GUID was spawned on the
 //!   runtime that was shutting down, which dropped it unrun, and `close` did not wait for it. A
-//!   deletion dropped unfinished now starts again on the session's remembered runtime
-//!   (`session/cleanup.rs`, `Search`).
+//!   deletion is now counted until some runner ends it, and one dropped unfinished starts again
+//!   on the session's remembered runtime and in `close` (`session/cleanup.rs`, `Deletion`).
 
 mod common;
 
@@ -101,10 +101,10 @@ async fn the_latch_runtime_shut_down_while_its_create_is_in_flight_leaves_its_no
 
 /// The same sweep, with the latch built inside the runtime that is shut down, as its session's
 /// first recipe: the runtime the session remembers for background work is the dying one. A
-/// deletion that runtime drops unfinished is parked, still counted, and `close` from the other
-/// runtime runs it (`session/cleanup.rs`, `Search`): `close` returns `Ok` only with the node gone.
-/// Before parking, the deletion was started again on the remembered runtime, which dropped it at
-/// once, and `close` returned `Ok` with the node left.
+/// deletion that runtime drops unfinished stays counted, and `close` from the other runtime runs
+/// it (`session/cleanup.rs`, `Deletion`): `close` returns `Ok` only with the node gone. When such
+/// a deletion was only started again on the remembered runtime, that runtime dropped it at once,
+/// and `close` returned `Ok` with the node left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_latch_built_on_a_runtime_shut_down_while_its_create_is_in_flight_leaves_its_node() {
     let observer = client().await;
@@ -157,12 +157,11 @@ async fn the_latch_built_on_a_runtime_shut_down_while_its_create_is_in_flight_le
 
 /// The session remembers a current-thread runtime that is alive but no longer driven (it built the
 /// session's first recipe on a thread that then stopped driving it), and the latch is started on
-/// a third runtime shut down while its create is in flight: the parked deletion's task on the
-/// remembered runtime never runs, and `close` from the test's runtime runs it itself. Before
-/// parking, the deletion was started again on the remembered runtime only, and `close` waited for
-/// it for ever.
+/// a third runtime shut down while its create is in flight: the orphaned deletion's task on the
+/// remembered runtime never runs, and `close` from the test's runtime runs it itself. When such a
+/// deletion was only started again on the remembered runtime, `close` waited for it for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_deletion_runs_in_close_when_the_remembered_runtime_is_not_driven() {
+async fn an_orphaned_deletion_runs_in_close_when_the_remembered_runtime_is_not_driven() {
     let observer = client().await;
     let session = client().await;
     let remembering = session.clone();
@@ -197,6 +196,6 @@ async fn a_parked_deletion_runs_in_close_when_the_remembered_runtime_is_not_driv
     assert!(!session.state().is_terminated());
     assert!(in_flight >= 5, "only {in_flight} of 30 rounds shut down before the grant");
     drop(first);
-    // Dropped where blocking is allowed (its parked tasks go with it).
+    // Dropped where blocking is allowed (with the tasks queued on it).
     tokio::task::spawn_blocking(move || drop(idle)).await.unwrap();
 }

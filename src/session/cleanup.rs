@@ -4,15 +4,19 @@
 //! by a held lock. When the owner goes away — a released or dropped guard, an acquire that failed,
 //! timed out or whose future was dropped at any `.await` — the node is handed to [`Cleanup`],
 //! which deletes it on a task of its own. That task does not depend on the caller's future, and it
-//! retries until the node is gone or the session is dead (then the server deletes it).
+//! retries until the node is gone or the session is dead (then the server deletes it). Should the
+//! task itself never end — its runtime shut down, or no longer driven — the deletion is run again
+//! elsewhere, and a latch's `close` runs it itself ([`Deletion`]).
 //!
 //! A node whose create reply was never seen is found again by its protection GUID, and deleted
 //! only if its `ephemeral_owner` is our session.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
@@ -99,108 +103,141 @@ pub(crate) struct Cleanup {
     searches: Arc<Searches>,
 }
 
-/// The background deletions running on one session.
+/// The background deletions of one session that have not ended, shared by every cleanup of it.
 #[derive(Debug, Default)]
 pub(crate) struct Searches {
-    /// Deletions not yet ended: running, or parked.
-    running: AtomicUsize,
-    /// Notified when `running` drops to 0, and when a deletion is parked.
+    /// By id.
+    running: Mutex<HashMap<u64, Arc<Deletion>>>,
+    next_id: AtomicU64,
+    /// Notified when `running` empties, and when a deletion is orphaned.
     done: Notify,
-    /// Deletions whose task was dropped unfinished, waiting for a runtime to run them (see
-    /// `Search`). Each is counted in `running`.
-    parked: Mutex<Vec<Restart>>,
+}
+
+/// One background deletion, run by its own task and, should that task stall or be dropped, by
+/// others ([`Runner`]).
+///
+/// # Why every deletion ends while someone waits for it
+///
+/// [`Cleanup::searches_done`] (a latch's `close`) must return only once every deletion started
+/// before it ended — the node is gone, or the session is dead — and must return then. A deletion
+/// is run by its task, on the current runtime or the one the session remembered. That task may
+/// never end: its runtime shuts down and drops it unfinished (a lock's attempt dropped by that
+/// shutdown spawns its node's deletion on the runtime shutting down, review Q), or its runtime
+/// is alive but no longer driven (a guard dropped outside any runtime spawns on the remembered
+/// one, review R). So the deletion is not the task's: it is an entry here, counted until some
+/// runner ends it, and any runner may end it (deleting a node twice, or looking for a GUID twice,
+/// is harmless: the second finds it gone).
+/// - A deletion whose every runner was dropped unfinished is *orphaned*: `searches_done` is woken
+///   and runs it at once, and a runner is spawned on the remembered runtime too. (Dropped
+///   unpolled, by a runtime shutting down, that runner owns nothing and orphans nothing.)
+/// - A deletion not ended [`STALLED`] after it started is run by `searches_done` as well, beside
+///   its task: that task may sit on a runtime nobody drives — including the runtime of another
+///   `searches_done` that took it up and is no longer polled.
+///
+/// So a `searches_done` that is polled runs every deletion that has not ended, orphaned or
+/// stalled, to its end itself, and returns only when none is left. Without a `searches_done`, an
+/// orphaned deletion with no live runtime waits, and its node goes away when the session ends.
+struct Deletion {
+    id: u64,
+    client: zk::Client,
+    /// What to delete. (Run by another runner than its first, a marked delete is a plain one: its
+    /// `multi` may have been applied, and an unmarked release only makes the next grant wait.)
+    target: Target,
+    /// When its first runner started it.
+    started: Instant,
+    /// Runners alive (polled or not).
+    runners: AtomicUsize,
+    /// Run by the first runner to end the deletion with the node gone.
+    gone: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// The runtime the session remembered, where an orphaned deletion is started again.
+    runtime: Option<Handle>,
+}
+
+impl std::fmt::Debug for Deletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deletion").field("id", &self.id).field("target", &self.target).finish_non_exhaustive()
+    }
+}
+
+/// How long after its start a deletion not ended is also run by [`Cleanup::searches_done`]. Its
+/// task normally ends it within a round trip; one retrying across a connection loss is helped to
+/// no harm (one more delete, queued until the connection is back).
+const STALLED: Duration = Duration::from_secs(1);
+
+/// One runner of a [`Deletion`]: its task, a task started again, or a `searches_done`. Dropped
+/// before it ended the deletion, it orphans the deletion if it was the last runner.
+struct Runner {
+    searches: Arc<Searches>,
+    deletion: Arc<Deletion>,
+}
+
+impl Runner {
+    fn new(searches: Arc<Searches>, deletion: Arc<Deletion>) -> Runner {
+        deletion.runners.fetch_add(1, Ordering::SeqCst);
+        Runner { searches, deletion }
+    }
+
+    /// Runs the deletion to its end, and ends it for every runner: as its first runner
+    /// (`Some(first)`: its first request if already sent), or again (`None`).
+    async fn run(self, first: Option<Option<FirstDelete>>) -> Result<()> {
+        let deletion = &self.deletion;
+        let (target, sent) = match (first, &deletion.target) {
+            (Some(sent), target) => (target.clone(), sent),
+            // Again: plain (see `Deletion::target`).
+            (None, Target::Released { path, .. }) => (Target::Path(path.clone()), None),
+            (None, target) => (target.clone(), None),
+        };
+        let result = delete_until_gone(deletion.client.clone(), target, sent).await;
+        self.searches.end(deletion, result.is_ok());
+        result
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if self.deletion.runners.fetch_sub(1, Ordering::SeqCst) == 1 && self.searches.is_running(self.deletion.id) {
+            self.searches.orphaned(&self.deletion);
+        }
+    }
 }
 
 impl Searches {
-    /// Parks `restart` (its count moves with it), wakes [`Cleanup::searches_done`] to run it, and
-    /// asks the session's remembered runtime to run it too.
-    fn park(self: &Arc<Self>, mut restart: Restart) {
-        // A marked delete started again is a plain one (its `multi` may have been applied).
-        if let Target::Released { path, .. } = restart.target {
-            restart.target = Target::Path(path);
-        }
-        debug!(target = ?restart.target, "a lock node's deletion was dropped unfinished; parked to start again");
-        let runtime = restart.runtime.clone();
-        lock(&self.parked).push(restart);
-        self.done.notify_waiters();
-        if let Some(runtime) = runtime {
-            // Takes one parked deletion (whichever: `searches_done` may have taken this one) when
-            // it runs. On a runtime shutting down it is dropped unpolled, owning nothing.
-            let searches = self.clone();
-            drop(runtime.spawn(async move {
-                let parked = lock(&searches.parked).pop();
-                if let Some(restart) = parked {
-                    searches.resume(restart).await;
-                }
-            }));
-        }
+    fn is_running(&self, id: u64) -> bool {
+        lock(&self.running).contains_key(&id)
     }
 
-    /// Runs a parked deletion to its end; dropped unfinished, it is parked again.
-    async fn resume(self: Arc<Self>, restart: Restart) {
-        let (client, target) = (restart.client.clone(), restart.target.clone());
-        let mut search = Search { searches: self, unfinished: Some(restart) };
-        let result = delete_until_gone(client, target, None).await;
-        if let (Ok(()), Some(gone)) = (&result, search.finished()) {
+    /// Ends `deletion` (the first call only): no longer counted; `gone` runs if the node is gone.
+    fn end(&self, deletion: &Deletion, node_gone: bool) {
+        let (ended, empty) = {
+            let mut running = lock(&self.running);
+            let ended = running.remove(&deletion.id).is_some();
+            (ended, running.is_empty())
+        };
+        if !ended {
+            return;
+        }
+        let gone = lock(&deletion.gone).take();
+        if let (true, Some(gone)) = (node_gone, gone) {
             gone();
         }
+        if empty {
+            self.done.notify_waiters();
+        }
     }
-}
 
-/// Counts a background deletion for as long as it has not ended (also while its task is dropped
-/// unrun), and parks it if its task is dropped before the deletion ended.
-///
-/// A task is dropped unfinished when its runtime shuts down: a lock's attempt dropped by that
-/// shutdown spawns its node's deletion on the current runtime, the one shutting down, which drops
-/// it at once (review Q). Were that the end, the node would stay until the session ends and
-/// [`Cleanup::searches_done`] would not wait for it (a latch's `close` from another runtime then
-/// returned `Ok` with its node there). So the deletion is parked in [`Searches`], still counted,
-/// and started again by whichever comes first:
-/// - a task spawned on the runtime the session remembered ([`Cleanup::runtime`]'s fallback);
-/// - [`Cleanup::searches_done`], which runs parked deletions itself, on the runtime polling it.
-///
-/// Either may be lost: the remembered runtime may be the one shutting down (it drops the task
-/// unpolled, and the deletion stays parked), or a current-thread runtime no longer driven (the
-/// task never runs; `searches_done` takes the deletion first). A deletion started again and dropped
-/// unfinished once more is parked again. So `searches_done` never returns while a parked deletion
-/// has not ended, and it ends it. Without a `searches_done` (no latch `close`), a deletion parked with
-/// no live runtime stays parked, and its node goes away when the session ends.
-struct Search {
-    searches: Arc<Searches>,
-    /// What starts the deletion again, until its task ends it (`None` then).
-    unfinished: Option<Restart>,
-}
-
-/// A deletion to start again if its task is dropped unfinished; `runtime`: the runtime the session
-/// remembered, if any.
-struct Restart {
-    runtime: Option<Handle>,
-    client: zk::Client,
-    target: Target,
-    gone: Option<Box<dyn FnOnce() + Send>>,
-}
-
-impl std::fmt::Debug for Restart {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Restart").field("target", &self.target).finish_non_exhaustive()
-    }
-}
-
-impl Search {
-    /// The deletion ended (whatever its outcome): nothing to start again. The callback to run if
-    /// the node is gone, handed back.
-    fn finished(&mut self) -> Option<Box<dyn FnOnce() + Send>> {
-        self.unfinished.take().and_then(|restart| restart.gone)
-    }
-}
-
-impl Drop for Search {
-    fn drop(&mut self) {
-        if let Some(restart) = self.unfinished.take() {
-            // Still counted, now by the parked deletion.
-            self.searches.park(restart);
-        } else if self.searches.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.searches.done.notify_waiters();
+    /// Every runner of `deletion` was dropped before it ended: wakes `searches_done` to run it,
+    /// and starts a runner on the remembered runtime.
+    fn orphaned(self: &Arc<Self>, deletion: &Arc<Deletion>) {
+        debug!(target = ?deletion.target, "a lock node's deletion was dropped unfinished; starting it again");
+        self.done.notify_waiters();
+        if let Some(runtime) = &deletion.runtime {
+            // The runner is made when the task first runs: dropped unpolled, it owns nothing.
+            let (searches, deletion) = (self.clone(), deletion.clone());
+            drop(runtime.spawn(async move {
+                if searches.is_running(deletion.id) {
+                    let _ = Runner::new(searches, deletion).run(None).await;
+                }
+            }));
         }
     }
 }
@@ -217,28 +254,53 @@ impl Cleanup {
 
     /// Resolves once no background deletion runs on this cleanup's session (started by any recipe
     /// on it, by GUID or by path): every node given to a cleanup before is deleted then, or the
-    /// session is dead. Runs the deletions parked by a runtime's shutdown itself (see `Search`).
-    /// Cancel safe: a parked deletion it was running is parked again.
+    /// session is dead. Runs itself every deletion orphaned, or stalled [`STALLED`] (see
+    /// [`Deletion`]). Cancel safe: a deletion only it was running is orphaned again.
     pub(crate) async fn searches_done(&self) {
-        let mut resumed = FuturesUnordered::new();
+        let searches = &self.searches;
+        let mut running_here: HashSet<u64> = HashSet::new();
+        let mut runs = FuturesUnordered::new();
         loop {
-            let done = self.searches.done.notified();
+            let done = searches.done.notified();
             tokio::pin!(done);
-            // Registered before the count is read: a drop to 0 (or a park) in between is not
-            // missed.
+            // Registered before `running` is read: an end of the last one, or an orphaning, in
+            // between is not missed.
             done.as_mut().enable();
-            let parked = std::mem::take(&mut *lock(&self.searches.parked));
-            resumed.extend(parked.into_iter().map(|restart| self.searches.clone().resume(restart)));
-            if self.searches.running.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            if resumed.is_empty() {
-                done.await;
-            } else {
-                tokio::select! {
-                    () = &mut done => {},
-                    _ = resumed.next() => {},
+            let mut next_stall: Option<Instant> = None;
+            let help: Vec<Arc<Deletion>> = {
+                let running = lock(&searches.running);
+                if running.is_empty() {
+                    return;
                 }
+                running
+                    .values()
+                    .filter(|deletion| !running_here.contains(&deletion.id))
+                    .filter(|deletion| {
+                        let stalls_at = deletion.started + STALLED;
+                        let help = deletion.runners.load(Ordering::SeqCst) == 0 || stalls_at <= Instant::now();
+                        if !help {
+                            next_stall = Some(next_stall.map_or(stalls_at, |next| next.min(stalls_at)));
+                        }
+                        help
+                    })
+                    .cloned()
+                    .collect()
+            };
+            for deletion in help {
+                debug!(target = ?deletion.target, "running a lock node's deletion left unfinished");
+                running_here.insert(deletion.id);
+                runs.push(Runner::new(searches.clone(), deletion).run(None));
+            }
+            let stall = async {
+                match next_stall {
+                    Some(at) => pause(at.saturating_duration_since(Instant::now())).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut done => {},
+                Some(_) = runs.next() => {},
+                () = stall => {},
             }
         }
     }
@@ -286,33 +348,48 @@ impl Cleanup {
         target: Target,
         gone: Option<Box<dyn FnOnce() + Send>>,
     ) -> Option<JoinHandle<Result<()>>> {
-        let handle = Handle::try_current().ok().or_else(|| self.runtime.get().cloned());
-        let Some(handle) = handle else {
+        let current = Handle::try_current().ok();
+        let outside_runtime = current.is_none();
+        let Some(handle) = current.or_else(|| self.runtime.get().cloned()) else {
             warn!(?target, "no tokio runtime to delete a lock node on; it goes away when the session ends");
             return None;
         };
         let client = self.client.clone();
-        // Counted until the node is gone (or the session dead): `searches_done` waits for every
-        // deletion on the session, by GUID or by path (one retried after a connection loss
-        // included).
-        self.searches.running.fetch_add(1, Ordering::SeqCst);
-        // Parked to start again should this task be dropped unfinished (see `Search`).
-        let restart =
-            Restart { runtime: self.runtime.get().cloned(), client: client.clone(), target: target.clone(), gone };
-        let mut search = Search { searches: self.searches.clone(), unfinished: Some(restart) };
         let first: Option<FirstDelete> = match &target {
             Target::Path(path) => Some(Box::pin(client.delete(path, None))),
-            // Sent by the task (the `multi` borrows the client): a release marked for a
-            // lock-delay is not ordered before what the caller sends next.
+            // Sent by the task (the `multi` borrows the client), below.
             Target::Released { .. } | Target::Protected { .. } => None,
         };
-        Some(handle.spawn(async move {
-            let result = delete_until_gone(client, target, first).await;
-            if let (Ok(()), Some(gone)) = (&result, search.finished()) {
-                gone();
+        // Counted until some runner ends it (see `Deletion`): `searches_done` waits for every
+        // deletion on the session, by GUID or by path (one retried after a connection loss
+        // included).
+        let id = self.searches.next_id.fetch_add(1, Ordering::Relaxed);
+        let released = matches!(target, Target::Released { .. });
+        let deletion = Arc::new(Deletion {
+            id,
+            client,
+            target,
+            started: Instant::now(),
+            runners: AtomicUsize::new(0),
+            gone: Mutex::new(gone),
+            runtime: self.runtime.get().cloned(),
+        });
+        lock(&self.searches.running).insert(id, deletion.clone());
+        let runner = Runner::new(self.searches.clone(), deletion);
+        let task = runner.run(Some(first));
+        if released && outside_runtime {
+            // A clean release marked for a lock-delay, outside any runtime: its `multi` is sent
+            // now, by a first poll here, so the node goes even if the runtime the task is spawned
+            // on is not driven (review R). (On a runtime, it is sent when the task first runs: a
+            // release so marked is not ordered before what the caller sends next.)
+            let mut task = Box::pin(task);
+            let mut context = Context::from_waker(Waker::noop());
+            if let Poll::Ready(result) = task.as_mut().poll(&mut context) {
+                return Some(handle.spawn(std::future::ready(result)));
             }
-            result
-        }))
+            return Some(handle.spawn(task));
+        }
+        Some(handle.spawn(task))
     }
 }
 
@@ -435,9 +512,25 @@ impl Backoff {
         Backoff(Duration::from_millis(20))
     }
 
+    /// Cancel safe; also outside any runtime ([`pause`]).
     pub(crate) async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
+        pause(self.0).await;
         self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Sleeps `duration`. Cancel safe. Also polled outside any runtime (a latch's `close` drives its
+/// confirmation itself there, deletions included): then a thread of its own keeps the time.
+async fn pause(duration: Duration) {
+    if Handle::try_current().is_ok() {
+        tokio::time::sleep(duration).await;
+    } else {
+        let (woken, wake) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            std::thread::sleep(duration);
+            let _ = woken.send(());
+        });
+        let _ = wake.await;
     }
 }
 
