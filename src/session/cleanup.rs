@@ -126,7 +126,10 @@ pub(crate) struct Searches {
 /// is alive but no longer driven (a guard dropped outside any runtime spawns on the remembered
 /// one, review R). So the deletion is not the task's: it is an entry here, counted until some
 /// runner ends it, and any runner may end it (deleting a node twice, or looking for a GUID twice,
-/// is harmless: the second finds it gone).
+/// is harmless: the second finds it gone — and never finds another node in its place, however
+/// late it runs: every lock node's name carries the GUID of the attempt that created it, so no
+/// other node, of any session, ever has its path, even in a lock directory deleted and made
+/// again, whose sequence numbers start over).
 /// - A deletion whose every runner was dropped unfinished is *orphaned*: `searches_done` is woken
 ///   and runs it at once, and a runner is spawned on the remembered runtime too. (Dropped
 ///   unpolled, by a runtime shutting down, that runner owns nothing and orphans nothing.)
