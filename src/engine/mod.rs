@@ -398,10 +398,10 @@ impl OnSession<'_> {
         // evidence that the session is alive (see `session/monitor.rs`).
         self.context.session.min_session_timeout(self.lock.min_session_timeout);
         let _ticket = self.context.session.begin_acquire()?;
-        let protection = naming::protection(&Uuid::new_v4());
+        let mut protection = naming::protection(&Uuid::new_v4());
         self.context.cleanup.remember_runtime();
         let mut pending = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
-        let prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
+        let mut prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
             // With a lock-delay, the directory's stat from before our create (sent first: one round
@@ -467,6 +467,13 @@ impl OnSession<'_> {
                     }
                     // Gone, as far as we can tell; should it still exist, this deletes it.
                     pending.abandon_node();
+                    // The next node gets a GUID of its own: in a lock directory deleted and made
+                    // again its sequence number may be the old node's, and a late delete of the
+                    // old path must not find it (`session/cleanup.rs`, `Deletion`; review S).
+                    protection = naming::protection(&Uuid::new_v4());
+                    prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
+                    let fresh = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
+                    std::mem::replace(&mut pending, fresh).retire();
                 },
             }
         }

@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, info_span, warn, Instrument};
@@ -423,8 +422,9 @@ impl LeaderLatch {
     /// the confirmation runs on a task of its own: a dropped `close` only stops waiting for it
     /// (the deletes go on in the background, retried until the nodes are gone or the session is
     /// dead), and the next `close` waits for it again. Polled outside any tokio runtime, `close`
-    /// drives that confirmation itself as well, so it returns even if the runtime the session
-    /// remembered is no longer driven.
+    /// waits for that task on the runtime the session remembered (the one current when its
+    /// first recipe was built): if that runtime is alive but no longer driven, `close` does not
+    /// return.
     ///
     /// # Errors
     /// As [`LockGuard::release`] for the delete of the leadership's node, and the errors of a
@@ -462,18 +462,13 @@ impl LeaderLatch {
             drop(leadership);
             let work = Outcome { closed: closed.clone(), path: self.path().to_owned(), result: None };
             let confirm = confirm_close(election.clone(), task, ended, work);
-            // On a task: a dropped `close` must not drop the work the next one waits for.
-            match (tokio::runtime::Handle::try_current(), election.lock.runtime()) {
-                (Ok(current), _) => drop(current.spawn(confirm)),
-                // Polled outside any runtime: on a task of the runtime the session remembered,
-                // and driven here too, whichever gets to it — that runtime may not be driven
-                // (review R), and this `close` may be dropped.
-                (Err(_), Some(remembered)) => {
-                    let confirm = confirm.shared();
-                    drop(remembered.spawn(confirm.clone()));
-                    confirm.await;
-                },
-                (Err(_), None) => confirm.await,
+            // On a task, also when `close` is polled outside any runtime (the one the session
+            // remembered): a dropped `close` must not drop the work the next one waits for.
+            // (Polled outside any runtime, `close` returns once that runtime ran it: a runtime
+            // no longer driven never does. A known limit, in the method's docs: reviews R and S.)
+            match election.lock.runtime() {
+                Some(runtime) => drop(runtime.spawn(confirm)),
+                None => confirm.await,
             }
         }
         let result = match outcome.wait_for(Option::is_some).await {

@@ -127,15 +127,19 @@ pub(crate) struct Searches {
 /// one, review R). So the deletion is not the task's: it is an entry here, counted until some
 /// runner ends it, and any runner may end it (deleting a node twice, or looking for a GUID twice,
 /// is harmless: the second finds it gone — and never finds another node in its place, however
-/// late it runs: every lock node's name carries the GUID of the attempt that created it, so no
-/// other node, of any session, ever has its path, even in a lock directory deleted and made
-/// again, whose sequence numbers start over).
+/// late it runs: every lock node's name carries the GUID of the create that made it, fresh for
+/// every node, a node created again after ours was found deleted included (review S: an attempt
+/// that kept its GUID could make its own old path again in a lock directory deleted and made
+/// again, whose sequence numbers start over). So no other node, of any session, ever has its
+/// path).
 /// - A deletion whose every runner was dropped unfinished is *orphaned*: `searches_done` is woken
 ///   and runs it at once, and a runner is spawned on the remembered runtime too. (Dropped
 ///   unpolled, by a runtime shutting down, that runner owns nothing and orphans nothing.)
-/// - A deletion not ended [`STALLED`] after it started is run by `searches_done` as well, beside
-///   its task: that task may sit on a runtime nobody drives — including the runtime of another
-///   `searches_done` that took it up and is no longer polled.
+/// - A deletion not ended [`STALLED`] after it started, or after the last such run began, is run
+///   by `searches_done` as well, beside its task: that task may sit on a runtime nobody drives —
+///   including the runtime of another `searches_done` that took it up and is no longer polled.
+///   (The cost: a delete whose reply takes over a second, a connection loss included, is sent
+///   once more.)
 ///
 /// So a `searches_done` that is polled runs every deletion that has not ended, orphaned or
 /// stalled, to its end itself, and returns only when none is left. Without a `searches_done`, an
@@ -146,8 +150,11 @@ struct Deletion {
     /// What to delete. (Run by another runner than its first, a marked delete is a plain one: its
     /// `multi` may have been applied, and an unmarked release only makes the next grant wait.)
     target: Target,
-    /// When its first runner started it.
-    started: Instant,
+    /// When `searches_done` may run it beside its runners (see [`STALLED`]): a second after it
+    /// started, then a second after each such run began. So concurrent `searches_done`s do not
+    /// each run every stalled deletion (review S), yet one that took it up and is no longer
+    /// polled holds it up for a second only.
+    due: Mutex<Instant>,
     /// Runners alive (polled or not).
     runners: AtomicUsize,
     /// Run by the first runner to end the deletion with the node gone.
@@ -275,16 +282,18 @@ impl Cleanup {
                 if running.is_empty() {
                     return;
                 }
+                let now = Instant::now();
                 running
                     .values()
                     .filter(|deletion| !running_here.contains(&deletion.id))
                     .filter(|deletion| {
-                        let stalls_at = deletion.started + STALLED;
-                        let help = deletion.runners.load(Ordering::SeqCst) == 0 || stalls_at <= Instant::now();
-                        if !help {
-                            next_stall = Some(next_stall.map_or(stalls_at, |next| next.min(stalls_at)));
+                        let mut due = lock(&deletion.due);
+                        if deletion.runners.load(Ordering::SeqCst) == 0 || *due <= now {
+                            *due = now + STALLED;
+                            return true;
                         }
-                        help
+                        next_stall = Some(next_stall.map_or(*due, |next| next.min(*due)));
+                        false
                     })
                     .cloned()
                     .collect()
@@ -372,7 +381,7 @@ impl Cleanup {
             id,
             client,
             target,
-            started: Instant::now(),
+            due: Mutex::new(Instant::now() + STALLED),
             runners: AtomicUsize::new(0),
             gone: Mutex::new(gone),
             runtime: self.runtime.get().cloned(),
@@ -592,6 +601,15 @@ impl PendingNode {
     pub(crate) fn abandon_node(&mut self) {
         if let Some(path) = self.path.take() {
             self.cleanup.delete(Target::Path(path));
+        }
+    }
+
+    /// Replaced by a pending node of its own for the attempt's next create, once
+    /// [`abandon_node`](Self::abandon_node) gave up the node whose path it knew: dropped, it
+    /// still looks for a node with its GUID should a create of unknown outcome have been applied.
+    pub(crate) fn retire(mut self) {
+        if !self.maybe_applied && self.path.is_none() {
+            self.armed = false;
         }
     }
 
