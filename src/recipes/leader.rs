@@ -422,8 +422,9 @@ impl LeaderLatch {
     /// the confirmation runs on a task of its own: a dropped `close` only stops waiting for it
     /// (the deletes go on in the background, retried until the nodes are gone or the session is
     /// dead), and the next `close` waits for it again. Polled outside any tokio runtime, `close`
-    /// waits for that task on the runtime the session remembered (the one current when its
-    /// first recipe was built): if that runtime is alive but no longer driven, `close` does not
+    /// runs that task on the runtime the session remembered (the one current when its first
+    /// recipe was built, else at its first acquire): if that runtime has shut down, `close`
+    /// returns [`Error::LatchState`]; if it is alive but no longer driven, `close` does not
     /// return.
     ///
     /// # Errors

@@ -109,7 +109,7 @@ pub(crate) struct Searches {
     /// By id.
     running: Mutex<HashMap<u64, Arc<Deletion>>>,
     next_id: AtomicU64,
-    /// Notified when `running` empties, and when a deletion is orphaned.
+    /// Notified when a deletion ends, and when one is orphaned.
     done: Notify,
 }
 
@@ -127,19 +127,20 @@ pub(crate) struct Searches {
 /// one, review R). So the deletion is not the task's: it is an entry here, counted until some
 /// runner ends it, and any runner may end it (deleting a node twice, or looking for a GUID twice,
 /// is harmless: the second finds it gone — and never finds another node in its place, however
-/// late it runs: every lock node's name carries the GUID of the create that made it, fresh for
-/// every node, a node created again after ours was found deleted included (review S: an attempt
-/// that kept its GUID could make its own old path again in a lock directory deleted and made
-/// again, whose sequence numbers start over). So no other node, of any session, ever has its
-/// path).
+/// late it runs. Every lock node's name carries a GUID, and no create uses a GUID again once a
+/// node of it had a known path: an attempt whose node was found deleted creates its next one
+/// with a new GUID (review S: one that kept its GUID could make its own old path again in a lock
+/// directory deleted and made again, whose sequence numbers start over). So no other node, of any
+/// session, ever has a path we delete. (A GUID is reused only to retry a create whose outcome was
+/// unknown: no node of it had a known path, and it is looked for by GUID and session.)
 /// - A deletion whose every runner was dropped unfinished is *orphaned*: `searches_done` is woken
 ///   and runs it at once, and a runner is spawned on the remembered runtime too. (Dropped
 ///   unpolled, by a runtime shutting down, that runner owns nothing and orphans nothing.)
-/// - A deletion not ended [`STALLED`] after it started, or after the last such run began, is run
-///   by `searches_done` as well, beside its task: that task may sit on a runtime nobody drives —
-///   including the runtime of another `searches_done` that took it up and is no longer polled.
-///   (The cost: a delete whose reply takes over a second, a connection loss included, is sent
-///   once more.)
+/// - A deletion not ended [`STALLED`] after it started is run by one `searches_done` as well,
+///   beside its task: that task may sit on a runtime nobody drives. While that `searches_done` is
+///   polled it keeps the deletion to itself; should it stop being polled (its runtime no longer
+///   driven), another takes the deletion up a second later. (The cost: a delete whose reply takes
+///   over a second, a connection loss included, is sent once more while a latch closes.)
 ///
 /// So a `searches_done` that is polled runs every deletion that has not ended, orphaned or
 /// stalled, to its end itself, and returns only when none is left. Without a `searches_done`, an
@@ -150,10 +151,10 @@ struct Deletion {
     /// What to delete. (Run by another runner than its first, a marked delete is a plain one: its
     /// `multi` may have been applied, and an unmarked release only makes the next grant wait.)
     target: Target,
-    /// When `searches_done` may run it beside its runners (see [`STALLED`]): a second after it
-    /// started, then a second after each such run began. So concurrent `searches_done`s do not
-    /// each run every stalled deletion (review S), yet one that took it up and is no longer
-    /// polled holds it up for a second only.
+    /// When a `searches_done` may run it beside its runners (see [`STALLED`]): a second after it
+    /// started; kept a second ahead by the `searches_done` that runs it, for as long as that one
+    /// is polled. So concurrent `searches_done`s do not each run every stalled deletion (reviews S
+    /// and T), yet one that took it up and is no longer polled holds it up for a second only.
     due: Mutex<Instant>,
     /// Runners alive (polled or not).
     runners: AtomicUsize,
@@ -218,21 +219,15 @@ impl Searches {
 
     /// Ends `deletion` (the first call only): no longer counted; `gone` runs if the node is gone.
     fn end(&self, deletion: &Deletion, node_gone: bool) {
-        let (ended, empty) = {
-            let mut running = lock(&self.running);
-            let ended = running.remove(&deletion.id).is_some();
-            (ended, running.is_empty())
-        };
-        if !ended {
+        if lock(&self.running).remove(&deletion.id).is_none() {
             return;
         }
         let gone = lock(&deletion.gone).take();
         if let (true, Some(gone)) = (node_gone, gone) {
             gone();
         }
-        if empty {
-            self.done.notify_waiters();
-        }
+        // Each `searches_done` waits for the deletions started before it (cheap without waiters).
+        self.done.notify_waiters();
     }
 
     /// Every runner of `deletion` was dropped before it ended: wakes `searches_done` to run it,
@@ -262,37 +257,47 @@ impl Cleanup {
         Cleanup { client, runtime, searches }
     }
 
-    /// Resolves once no background deletion runs on this cleanup's session (started by any recipe
-    /// on it, by GUID or by path): every node given to a cleanup before is deleted then, or the
-    /// session is dead. Runs itself every deletion orphaned, or stalled [`STALLED`] (see
-    /// [`Deletion`]). Cancel safe: a deletion only it was running is orphaned again.
+    /// Resolves once every background deletion started on this cleanup's session before the call
+    /// (by any recipe on it, by GUID or by path) has ended: every node given to a cleanup before
+    /// is deleted then, or the session is dead. Deletions started later are not waited for (on a
+    /// busy session there may always be one; review T). Runs itself every such deletion orphaned,
+    /// or stalled [`STALLED`] (see [`Deletion`]). Cancel safe: a deletion only it was running is
+    /// orphaned again.
     pub(crate) async fn searches_done(&self) {
         let searches = &self.searches;
+        // Ids are handed out in order: those below this were started before the call.
+        let horizon = searches.next_id.load(Ordering::SeqCst);
         let mut running_here: HashSet<u64> = HashSet::new();
         let mut runs = FuturesUnordered::new();
         loop {
             let done = searches.done.notified();
             tokio::pin!(done);
-            // Registered before `running` is read: an end of the last one, or an orphaning, in
-            // between is not missed.
+            // Registered before `running` is read: an end, or an orphaning, in between is not
+            // missed.
             done.as_mut().enable();
-            let mut next_stall: Option<Instant> = None;
+            let now = Instant::now();
+            // While this call runs a deletion, nobody else needs to: its `due` is kept a second
+            // ahead, and this loop comes round at least every half second to keep it so. A call
+            // no longer polled stops keeping it, and another takes the deletion up a second later.
+            let mut next_wake: Option<Instant> = (!running_here.is_empty()).then(|| now + STALLED / 2);
             let help: Vec<Arc<Deletion>> = {
                 let running = lock(&searches.running);
-                if running.is_empty() {
+                let mut before = running.values().filter(|deletion| deletion.id < horizon).peekable();
+                if before.peek().is_none() {
                     return;
                 }
-                let now = Instant::now();
-                running
-                    .values()
-                    .filter(|deletion| !running_here.contains(&deletion.id))
+                before
                     .filter(|deletion| {
                         let mut due = lock(&deletion.due);
+                        if running_here.contains(&deletion.id) {
+                            *due = now + STALLED;
+                            return false;
+                        }
                         if deletion.runners.load(Ordering::SeqCst) == 0 || *due <= now {
                             *due = now + STALLED;
                             return true;
                         }
-                        next_stall = Some(next_stall.map_or(*due, |next| next.min(*due)));
+                        next_wake = Some(next_wake.map_or(*due, |next| next.min(*due)));
                         false
                     })
                     .cloned()
@@ -303,8 +308,8 @@ impl Cleanup {
                 running_here.insert(deletion.id);
                 runs.push(Runner::new(searches.clone(), deletion).run(None));
             }
-            let stall = async {
-                match next_stall {
+            let wake = async {
+                match next_wake {
                     Some(at) => pause(at.saturating_duration_since(Instant::now())).await,
                     None => std::future::pending().await,
                 }
@@ -312,7 +317,7 @@ impl Cleanup {
             tokio::select! {
                 () = &mut done => {},
                 Some(_) = runs.next() => {},
-                () = stall => {},
+                () = wake => {},
             }
         }
     }
@@ -531,8 +536,9 @@ impl Backoff {
     }
 }
 
-/// Sleeps `duration`. Cancel safe. Also polled outside any runtime (a latch's `close` drives its
-/// confirmation itself there, deletions included): then a thread of its own keeps the time.
+/// Sleeps `duration`. Cancel safe. Should it ever be polled outside any runtime (a latch's
+/// confirmation is polled there only when the session remembers no runtime, and then has no
+/// deletion to run), a thread of its own keeps the time rather than a panic.
 async fn pause(duration: Duration) {
     if Handle::try_current().is_ok() {
         tokio::time::sleep(duration).await;
