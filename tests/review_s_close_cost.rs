@@ -99,28 +99,11 @@ async fn closes_during_a_burst_of_releases_send_no_extra_delete() {
     );
 }
 
-/// `count` deletions whose tasks never run (dropped at the end of a `block_on` of `stuck`, which
-/// is never driven again): their first deletes are sent at the drop, so the nodes go, but each
-/// stays counted until a close runs it.
-async fn stuck_deletions(session: &zk::Client, count: usize, stuck: &Arc<tokio::runtime::Runtime>) {
-    let mut guards = Vec::new();
-    for _ in 0..count {
-        let mutex = InterProcessMutex::new(session.clone(), unique_path("rs-stuck")).unwrap();
-        guards.push(tokio::spawn(async move { mutex.acquire().await.unwrap() }));
-    }
-    let mut held = Vec::new();
-    for guard in guards {
-        held.push(guard.await.unwrap());
-    }
-    let stuck = stuck.clone();
-    tokio::task::spawn_blocking(move || stuck.block_on(async move { drop(held) })).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_closes_each_help_every_stalled_deletion() {
     let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
     let session = proxied_session(&proxy).await;
-    let stuck = Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap());
+    let stuck = stuck_runtime();
     let n = 500;
     stuck_deletions(&session, n, &stuck).await;
     let before = deletes(&proxy);

@@ -16,35 +16,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use zk_recipes::{InterProcessMutex, LeaderLatch};
+use zk_recipes::LeaderLatch;
 use zk_testcontainers::{op, FaultProxy};
-use zookeeper_client as zk;
-
-/// A current-thread runtime never driven after the `block_on`s that drop guards on it: the
-/// deletions those drops spawn on it never run (their first deletes are sent at the drop, so the
-/// nodes go, but each stays counted until a close runs it).
-fn stuck_runtime() -> Arc<tokio::runtime::Runtime> {
-    Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap())
-}
-
-/// Acquires `count` mutexes on `session` and drops their guards on `stuck`.
-async fn stuck_deletions(session: &zk::Client, count: usize, stuck: &Arc<tokio::runtime::Runtime>) {
-    let mut acquiring = Vec::new();
-    for _ in 0..count {
-        let mutex = InterProcessMutex::new(session.clone(), unique_path("rt-stuck")).unwrap();
-        acquiring.push(tokio::spawn(async move { mutex.acquire().await.unwrap() }));
-    }
-    let mut held = Vec::new();
-    for guard in acquiring {
-        held.push(guard.await.unwrap());
-    }
-    let stuck = stuck.clone();
-    tokio::task::spawn_blocking(move || stuck.block_on(async move { drop(held) })).await.unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_on_a_busy_session_waits_only_for_deletions_started_before_it() {

@@ -177,17 +177,17 @@ const PIPELINED_UP_TO: usize = 1;
 /// listing's *content*, never its timing: a listing sent after our create's reply on another
 /// session, answered by a lagging follower, may lack our node, and is then not used.
 ///
-/// *Contains our node* means: a node of our name, in a listing of the directory *instance* our
-/// node was created in. The name alone is not enough (review L): an attempt keeps its GUID when it
+/// *Contains our node* means: a node of our name, in a listing of the directory *instance* our node
+/// was created in. The name alone is not enough (review L): an attempt keeps its GUID when it
 /// creates again after a create of unknown outcome (since review S it takes a new one after its
 /// node was deleted under it), and a directory deleted and made again restarts its sequence
 /// numbers, so our new node can bear exactly the name a node of ours had in the old directory —
-/// whose listing, still kept here, would then show it, and nodes long gone ahead of it. So a listing must also be of a state at or after our create:
-/// the directory's `pzxid` (the zxid of the last create or delete of a child, which the server
-/// only ever raises: `DataTree.createNode`, `deleteNode`) at least our node's `czxid`. A listing
-/// of the old instance has a lower one (that instance was gone before ours was made); a listing of
-/// ours taken after our create has ours or a later one. Another ensemble's directory never shows
-/// our GUID.
+/// whose listing, still kept here, would then show it, and nodes long gone ahead of it. So a
+/// listing must also be of a state at or after our create: the directory's `pzxid` (the zxid of the
+/// last create or delete of a child, which the server only ever raises: `DataTree.createNode`,
+/// `deleteNode`) at least our node's `czxid`. A listing of the old instance has a lower one (that
+/// instance was gone before ours was made); a listing of ours taken after our create has ours or a
+/// later one. Another ensemble's directory never shows our GUID.
 ///
 /// A lock with a lock-delay never uses another session's listing: its grant rule reads the stat
 /// of a listing taken on its own session (`delay.rs`).

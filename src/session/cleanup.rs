@@ -142,8 +142,8 @@ pub(crate) struct Searches {
 ///   driven), another takes the deletion up a second later. (The cost: a delete whose reply takes
 ///   over a second, a connection loss included, is sent once more while a latch closes.)
 ///
-/// So a `searches_done` that is polled runs every deletion that has not ended, orphaned or
-/// stalled, to its end itself, and returns only when none is left. Without a `searches_done`, an
+/// So a `searches_done` that is polled runs every deletion started before it that has not ended,
+/// orphaned or stalled, to its end itself, and returns only when none of them is left. Without a `searches_done`, an
 /// orphaned deletion with no live runtime waits, and its node goes away when the session ends.
 struct Deletion {
     id: u64,

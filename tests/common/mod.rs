@@ -315,3 +315,27 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         std::thread::park();
     }
 }
+
+/// A current-thread runtime to drop guards on and then never drive again: the deletions those
+/// drops spawn on it never run (see [`stuck_deletions`]).
+pub fn stuck_runtime() -> std::sync::Arc<tokio::runtime::Runtime> {
+    std::sync::Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime"))
+}
+
+/// Acquires `count` mutexes on `session` (each on a path of its own) and drops their guards at
+/// the end of a `block_on` of `stuck`, which is never driven again: the deletions those drops
+/// spawn never run. Their first deletes are sent at the drop, so the nodes go, but each deletion
+/// stays counted (`session/cleanup.rs`, `Deletion`) until a latch's `close` runs it.
+pub async fn stuck_deletions(session: &zk::Client, count: usize, stuck: &std::sync::Arc<tokio::runtime::Runtime>) {
+    let mut acquiring = Vec::new();
+    for _ in 0..count {
+        let mutex = zk_recipes::InterProcessMutex::new(session.clone(), unique_path("stuck")).expect("a mutex");
+        acquiring.push(tokio::spawn(async move { mutex.acquire().await.expect("acquire") }));
+    }
+    let mut held = Vec::new();
+    for guard in acquiring {
+        held.push(guard.await.expect("an acquire task"));
+    }
+    let stuck = stuck.clone();
+    tokio::task::spawn_blocking(move || stuck.block_on(async move { drop(held) })).await.expect("the drops");
+}
