@@ -13,7 +13,10 @@
 //! - `a_slow_link_makes_a_close_duplicate_every_delete_in_flight` — DELETE requests held 1.2 s each
 //!   by the proxy (a slow link, no connection loss): 5 releases, then a close: deletes counted.
 //!
-//! Results: the first PASSES (1,000 releases beside ~600 closes: exactly 1,000 deletes). The
+//! Results: the first PASSES (1,000 releases beside ~600 closes: exactly 1,000 deletes; one more
+//! per release that took over a second is allowed, the cost the `Deletion` docs state). It failed
+//! once in CI with 1,001: a deletion was listed in `Searches.running` before its first runner was
+//! counted, and a close that read it in between took it for orphaned; now counted first. The
 //! second FAILED (5,000 deletes for 500 stalled deletions, 10 per deletion); fixed: a stalled
 //! deletion is run by one `searches_done` at a time, the next only a second later (`Deletion::due`),
 //! and it passes. The third PASSES and prints 10 deletes for 5 releases: every delete in flight
@@ -76,10 +79,19 @@ async fn closes_during_a_burst_of_releases_send_no_extra_delete() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut releases = Vec::new();
     for guard in guards {
-        releases.push(tokio::spawn(async move { guard.release().await.unwrap() }));
+        releases.push(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            guard.release().await.unwrap();
+            started.elapsed()
+        }));
     }
+    // A release returns once its deletion ended, and its deletion started after the release
+    // did: a release that took under a second had no deletion a close could take for stalled.
+    let mut stalled = 0u64;
     for release in releases {
-        release.await.unwrap();
+        if release.await.unwrap() >= Duration::from_millis(900) {
+            stalled += 1;
+        }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::SeqCst);
@@ -88,14 +100,18 @@ async fn closes_during_a_burst_of_releases_send_no_extra_delete() {
         closes += closer.await.unwrap();
     }
     let sent = deletes(&proxy) - before;
-    eprintln!("{n} releases beside {closes} closes: {sent} deletes");
+    eprintln!("{n} releases beside {closes} closes: {sent} deletes ({stalled} releases took over 0.9 s)");
     for path in paths.iter().take(50) {
         assert!(children(&observer, path).await.is_empty(), "node left under {path}");
     }
-    assert_eq!(
-        sent, n as u64,
-        "DEFECT: {n} releases beside {closes} latch closes on a healthy session sent {sent} deletes: \
-         a close helped a deletion that was neither orphaned nor stalled"
+    // The `Deletion` docs' bound: a close sends one more delete only for a deletion not ended a
+    // second after it started (none on a healthy session unless the machine is loaded enough to
+    // hold a reply that long; each such release is counted above, with 0.1 s of slack).
+    assert!(
+        sent >= n as u64 && sent <= n as u64 + stalled,
+        "DEFECT: {n} releases beside {closes} latch closes on a healthy session sent {sent} deletes \
+         ({stalled} releases took over 0.9 s): a close helped a deletion that was neither orphaned \
+         nor stalled"
     );
 }
 

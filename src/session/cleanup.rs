@@ -391,8 +391,11 @@ impl Cleanup {
             gone: Mutex::new(gone),
             runtime: self.runtime.get().cloned(),
         });
-        lock(&self.searches.running).insert(id, deletion.clone());
-        let runner = Runner::new(self.searches.clone(), deletion);
+        // Counted as run before it is listed: a `searches_done` that saw it listed with no runner
+        // would take it for orphaned and send a needless delete (seen once in CI, 1,001 deletes
+        // for 1,000 releases).
+        let runner = Runner::new(self.searches.clone(), deletion.clone());
+        lock(&self.searches.running).insert(id, deletion);
         let task = runner.run(Some(first));
         if released && outside_runtime {
             // A clean release marked for a lock-delay, outside any runtime: its `multi` is sent
