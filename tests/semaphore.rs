@@ -343,3 +343,59 @@ async fn a_waiter_whose_internal_lock_node_is_deleted_queues_again() {
     }
     assert_semaphore_empty_while_open(&admin, &path, &[h.clone(), a.clone(), b.clone()]).await;
 }
+
+/// A waiter's lease node is deleted by someone else: the waiter deletes what is left of its nodes,
+/// creates new ones (new GUIDs) and is granted once the holder returns its lease. Its old nodes'
+/// paths were known, so nothing is searched for by GUID (review T). A search lists the directory
+/// with `getChildren` (`find_protected`); the waiter's own listings are `getChildren2` (with the
+/// directory's stat). With the search, this test counts one `getChildren`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_node_is_deleted_makes_a_new_one_without_a_search() {
+    use zk_testcontainers::{op, FaultProxy};
+    let path = unique_path("sem-lease-deleted");
+    let leases = format!("{path}/leases");
+    let (h, admin) = (client().await, client().await);
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let b = zookeeper()
+        .await
+        .connector()
+        .with_session_timeout(Duration::from_secs(30))
+        .connect(&proxy.addr())
+        .await
+        .unwrap();
+    let holder = InterProcessSemaphoreV2::new(h.clone(), &path, 1).unwrap();
+    let lease = holder.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let s = InterProcessSemaphoreV2::new(b.clone(), &path, 1).unwrap();
+        async move { s.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(10), "the waiter's lease node is made", || async {
+        !nodes_of_session(&admin, &leases, b.session_id().0).await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let old = nodes_of_session(&admin, &leases, b.session_id().0).await;
+    assert_eq!(old.len(), 1, "one lease node of the waiter: {old:?}");
+    let before = proxy.requests();
+    admin.delete(&format!("{leases}/{}", old[0]), None).await.unwrap();
+    eventually(Duration::from_secs(10), "the waiter makes a new lease node", || async {
+        let now = nodes_of_session(&admin, &leases, b.session_id().0).await;
+        now.len() == 1 && now != old
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = proxy.requests();
+    let sent: std::collections::BTreeMap<i32, u64> = after
+        .iter()
+        .map(|(op, n)| (*op, n - before.get(op).copied().unwrap_or(0)))
+        .filter(|(op, n)| *n > 0 && *op != op::PING)
+        .collect();
+    eprintln!("the waiter's session sent, from the deletion on: {sent:?}");
+    let searches = sent.get(&op::GET_CHILDREN).copied().unwrap_or(0);
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("granted").unwrap();
+    granted.release().await.unwrap();
+    assert_semaphore_empty_while_open(&admin, &path, &[h.clone(), b.clone()]).await;
+    assert!(sent.contains_key(&op::CREATE2), "the waiter made its new node on its session: {sent:?}");
+    assert_eq!(searches, 0, "the waiter searched for a node whose path it knew, by GUID: {sent:?}");
+}

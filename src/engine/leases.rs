@@ -211,9 +211,12 @@ impl OnSession<'_> {
                     if losses >= MAX_NODE_LOSSES {
                         return Err(Error::LockNodeDeleted { path: self.lock.dir.clone() });
                     }
-                    // Dropped: what is left of them is deleted; then new nodes, at the end.
-                    for (pending, _) in &mut leases.0 {
+                    // What is left of them is deleted (newest first), and their pendings retired:
+                    // a node whose path was known needs no search by GUID (review T). Then new
+                    // nodes, with new GUIDs, at the end.
+                    while let Some((mut pending, _)) = leases.0.pop() {
                         pending.abandon_node();
+                        pending.retire();
                     }
                 },
             }
