@@ -361,12 +361,17 @@ impl InterProcessMutex {
                 return Ok(Some(guard));
             }
         }
-        let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry());
-        let result = match entry {
-            Ok(Entry::Queue) => self.queue(None, wait, timeout, lease).await,
-            Ok(Entry::Beside { anchor }) => self.queue(Some(anchor), wait, timeout, lease).await,
-            Err(err) => Err(err),
+        // Only the anchor is kept across the await (an `Entry` result would be, at its 72 bytes,
+        // in every queued waiter's future).
+        let anchor = match self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry()) {
+            Ok(Entry::Queue) => None,
+            Ok(Entry::Beside { anchor }) => Some(anchor),
+            Err(err) => {
+                metrics::acquire(self.inner.recipe, Outcome::Failed, started.elapsed());
+                return Err(err);
+            },
         };
+        let result = self.queue(anchor, wait, timeout, lease).await;
         let outcome = match &result {
             Ok(Some(_)) => Outcome::Acquired,
             Ok(None) if timeout.is_some() => Outcome::TimedOut,
@@ -414,7 +419,9 @@ impl InterProcessMutex {
                 Some(timeout) => {
                     // The timeout's timer would panic on a runtime without timers: say so instead.
                     check_runtime()?;
-                    tokio::time::timeout(timeout, attempt).await.unwrap_or(Ok(None))?
+                    // Boxed (the timer, not the attempt): laid out beside the attempt, it would
+                    // grow every queued waiter's future, with a timeout or not.
+                    Box::pin(tokio::time::timeout(timeout, attempt)).await.unwrap_or(Ok(None))?
                 },
             }
         };

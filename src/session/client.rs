@@ -97,8 +97,11 @@ impl SessionContext {
     /// Resolves once the managed client is closed (never for a plain client). Cancel safe.
     pub(crate) async fn closed(&self) {
         match self.closed.clone() {
+            // Boxed: this future is laid out in every acquire's (every queued waiter's memory),
+            // where the wait would take 144 bytes, and most clients are plain (one box an acquire
+            // on a managed one).
             Some(mut closed) => {
-                let _ = closed.wait_for(|closed| *closed).await;
+                let _ = Box::pin(closed.wait_for(|closed| *closed)).await;
             },
             None => std::future::pending().await,
         }
