@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use zk_recipes::{InterProcessReadWriteLock, LeaderLatch, LockState, ManagedClient};
+use zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_latch_and_a_busy_read_write_lock_on_one_client_lose_nothing_in_a_minute() {
@@ -69,4 +70,82 @@ async fn a_latch_and_a_busy_read_write_lock_on_one_client_lose_nothing_in_a_minu
     assert_no_nodes_left(&managed.client(), &election).await;
     assert_no_nodes_left(&managed.client(), &cache).await;
     managed.close().await.unwrap();
+}
+
+/// A heartbeat queued behind a burst of our own requests is not a stalled connection (issue 24:
+/// on a slow machine, every lock of a 10,000-lock burst was told `Lost(ConnectionSuspended)`,
+/// the round answered 0.3 s after the verdict). A holder under the default `Suspended` policy
+/// shares its session with 21 acquires whose creates the proxy holds 0.75 s each, in the
+/// session's order (16 s of queue, answers every 0.75 s). The queue starts right after a
+/// heartbeat went out, so the next one is sent about `0.22 T` in and waits ~9 s: past `0.25 T`
+/// (7.5 s) from its sending, never `0.25 T` after the last answer ahead of it, and the queue
+/// drains ~1.6 s before the loss deadline (`0.58 T` after the heartbeat before it). With the
+/// stall counted from the round's sending alone, the holder is lost at ~14 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_behind_a_queue_of_answered_requests_is_not_a_stall() {
+    use zk_recipes::InterProcessMutex;
+    use zk_testcontainers::{op, FaultProxy};
+    init_tracing();
+    let zk = zookeeper().await;
+    let t = Duration::from_secs(30);
+    let proxy = FaultProxy::start(zk.connect_string()).await.unwrap();
+    let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
+    let observer = client().await;
+    // The lock paths of the burst exist (persistent: an emptied container may be deleted by the
+    // server), so each acquire's create succeeds (a leader answer).
+    let n = 21;
+    let mut paths = Vec::new();
+    for i in 0..n {
+        let path = unique_path(&format!("queued-{i}"));
+        observer.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+        paths.push(path);
+    }
+    let held = unique_path("queued-holder");
+    let holder = InterProcessMutex::new(session.clone(), &held).unwrap();
+    let guard = holder.acquire().await.unwrap();
+    // Right after a heartbeat is sent (its answer is not held: only what follows a create is).
+    let syncs = |proxy: &FaultProxy| proxy.requests().get(&op::SYNC).copied().unwrap_or(0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = syncs(&proxy);
+    let wait_started = Instant::now();
+    while syncs(&proxy) == before {
+        assert!(wait_started.elapsed() < t, "no heartbeat sent in T");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queue_started = Instant::now();
+    proxy.delay_requests(&[op::CREATE2], Duration::from_millis(750));
+    let burst: Vec<_> = paths
+        .iter()
+        .map(|path| {
+            let mutex = InterProcessMutex::new(session.clone(), path).unwrap();
+            tokio::spawn(async move { mutex.acquire().await.unwrap() })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for acquire in burst {
+        let lost = tokio::select! {
+            biased;
+            reason = guard.lost() => Some(reason),
+            granted = acquire => { guards.push(granted.unwrap()); None },
+        };
+        assert!(
+            lost.is_none(),
+            "the holder was told {lost:?} {:?} after its session's queue of answered requests started",
+            queue_started.elapsed()
+        );
+    }
+    proxy.delay_requests(&[], Duration::ZERO);
+    let queued_for = queue_started.elapsed();
+    eprintln!("{n} acquires behind held creates done after {queued_for:?}; the holder is {:?}", guard.state());
+    assert!(queued_for > Duration::from_millis(750 * n as u64), "the queue was shorter than meant: {queued_for:?}");
+    assert_eq!(guard.state(), LockState::Held);
+    for granted in guards {
+        granted.release().await.unwrap();
+    }
+    guard.release().await.unwrap();
+    assert_no_nodes_left_while_open(&observer, &held, std::slice::from_ref(&session), Duration::from_secs(10)).await;
+    for path in &paths {
+        assert_no_nodes_left_while_open(&observer, path, std::slice::from_ref(&session), Duration::from_secs(10)).await;
+    }
 }

@@ -181,8 +181,9 @@
 //! monitor assumes; a second client connected to the same session on its own
 //! (`Connector::with_session`) must not be given to recipes beside the first (*Reconnections*).
 //!
-//! **Stalls and blips.** Under [`LossPolicy::Suspended`] a connection on which no round has been
-//! answered for `0.4 T`, or a round has been outstanding for `0.25 T`, counts as lost, like one
+//! **Stalls and blips.** Under [`LossPolicy::Suspended`] a connection on which nothing has been
+//! answered for `0.4 T`, or a round has been outstanding for `0.25 T` (counted from the last
+//! answer to a request sent before it, if later: `Health::stalled_at`), counts as lost, like one
 //! the client library gave up on (it does so after `0.4 T` without receiving a byte; a server that
 //! stops answering while still sending — watch events, a one-way partition — never trips that).
 //! So does a disconnection however short, also one seen only as a heartbeat failing with
@@ -363,6 +364,11 @@ struct Health {
     last_answer: Option<Instant>,
     /// When the heartbeat in flight, if any, was sent.
     in_flight_since: Option<Instant>,
+    /// The latest answer to a request of ours sent before the heartbeat in flight (while one
+    /// was): the round had not reached the head of the session's queue then (see
+    /// [`stalled_at`](Self::stalled_at)). Never later than the next round's sending, so it needs
+    /// no reset.
+    ahead_answered: Option<Instant>,
 }
 
 /// The session's condition, as far as holds care.
@@ -399,9 +405,20 @@ impl Health {
     }
 
     /// When the connection counts as stalled if nothing is answered before.
+    ///
+    /// A round's `0.25 T` runs from its sending, or from the latest answer to a request we sent
+    /// before it, if later. A server answers a session's requests in order, so until those are
+    /// answered the round is not at the head of the queue, and a busy session (a burst of
+    /// thousands of acquires) would read as stalled while its answers flow (seen: every lock of
+    /// a 10,000-lock burst lost on a slow machine, the round answered 0.3 s after the verdict).
+    /// A follower cut off from the leader answers what is ahead of the round that it can (reads)
+    /// and then nothing — ours behind the round wait for it — so the round's time runs from its
+    /// last answer. This rule only tells `Suspended` holders earlier than the deadline; the
+    /// deadline, which alone keeps exclusion, does not depend on it.
     fn stalled_at(&self, t: Duration) -> Option<Instant> {
         let by_answer = self.last_answer.map(|at| at + stall_after(t));
-        let by_round = self.in_flight_since.map(|at| at + round_stall_after(t));
+        let by_round =
+            self.in_flight_since.map(|at| self.ahead_answered.map_or(at, |ahead| ahead.max(at)) + round_stall_after(t));
         by_answer.into_iter().chain(by_round).min()
     }
 }
@@ -1039,6 +1056,11 @@ impl Inner {
             }
         }
         self.health.last_answer = Some(self.health.last_answer.map_or(answer.answered, |a| a.max(answer.answered)));
+        if self.health.in_flight_since.is_some_and(|round| answer.sent <= round) {
+            // Ahead of the round in the session's queue: it has not stalled yet (`stalled_at`).
+            self.health.ahead_answered =
+                Some(self.health.ahead_answered.map_or(answer.answered, |a| a.max(answer.answered)));
+        }
         // Answers close together share an entry (*Busy sessions* in the module docs): an entry
         // spans at most `W` of answer times from the answer that opened it, so a steady stream of
         // answers leaves a partner at most `W` older than its latest answer.
