@@ -90,6 +90,7 @@ async fn a_heartbeat_behind_a_queue_of_answered_requests_is_not_a_stall() {
     let t = Duration::from_secs(30);
     let proxy = FaultProxy::start(zk.connect_string()).await.unwrap();
     let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
+    assert_eq!(session.session_timeout(), t, "the timings below are for T = {t:?}");
     let observer = client().await;
     // The lock paths of the burst exist (persistent: an emptied container may be deleted by the
     // server), so each acquire's create succeeds (a leader answer).

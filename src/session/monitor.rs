@@ -366,8 +366,10 @@ struct Health {
     in_flight_since: Option<Instant>,
     /// The latest answer to a request of ours sent before the heartbeat in flight (while one
     /// was): the round had not reached the head of the session's queue then (see
-    /// [`stalled_at`](Self::stalled_at)). Never later than the next round's sending, so it needs
-    /// no reset.
+    /// [`stalled_at`](Self::stalled_at)). Needs no reset: recorded only while a round is in
+    /// flight, from an answer to a request sent before it, so a value left from an earlier round
+    /// is no later than the next round's sending, or came from a request sent before that round
+    /// too (one recorded late by a busy runtime), and would count for it anyway.
     ahead_answered: Option<Instant>,
 }
 
@@ -414,7 +416,9 @@ impl Health {
     /// A follower cut off from the leader answers what is ahead of the round that it can (reads)
     /// and then nothing — ours behind the round wait for it — so the round's time runs from its
     /// last answer. This rule only tells `Suspended` holders earlier than the deadline; the
-    /// deadline, which alone keeps exclusion, does not depend on it.
+    /// deadline, which alone keeps exclusion, does not depend on it. (So a real stall is told
+    /// 0.25 T after the server answered what it had received of ours before the round, at the
+    /// latest at the deadline: on a busy session that can be the deadline.)
     fn stalled_at(&self, t: Duration) -> Option<Instant> {
         let by_answer = self.last_answer.map(|at| at + stall_after(t));
         let by_round =
@@ -1363,6 +1367,38 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// A round's `0.25 T` runs from its sending, or from the last answer to a request sent
+    /// before it; an answer to a request sent after it (it cannot come first on a session, but a
+    /// busy runtime may record it first) does not move it, nor does a value left from an earlier
+    /// round; a stall behind answers that stop is still seen `0.25 T` after the last one.
+    #[test]
+    fn a_round_stalls_a_quarter_t_after_the_last_answer_ahead_of_it() {
+        // Long enough that the cold start's deadline (`s − 2G + 0.8 T`) stays out of the way.
+        let t = Duration::from_secs(60);
+        let base = Instant::now();
+        let mut inner = Inner::default();
+        inner.health.connected = true;
+        inner.answered(Answer { sent: base, answered: base + ms(5) }, true, t);
+        // A leftover from an earlier round, before this round's sending.
+        inner.health.ahead_answered = Some(base + ms(5));
+        let round = base + ms(100);
+        inner.health.in_flight_since = Some(round);
+        assert_eq!(inner.health.stalled_at(t), Some(round + t / 4), "from the round's sending");
+        // Answers to requests sent before the round, coming in one after another.
+        for k in 1..=5u64 {
+            let answered = round + ms(1000) * k as u32;
+            inner.answered(Answer { sent: round - ms(10), answered }, true, t);
+            assert_eq!(inner.health.stalled_at(t), Some(answered + t / 4));
+            assert_eq!(inner.health.class(t, answered + t / 4 - ms(1)), Class::Healthy);
+        }
+        let last_ahead = round + ms(5000);
+        // One sent after the round: not ahead of it (the 0.4 T rule still counts it).
+        inner.answered(Answer { sent: round + ms(1), answered: round + ms(5500) }, false, t);
+        assert_eq!(inner.health.stalled_at(t), Some(last_ahead + t / 4));
+        // Nothing more: stalled a quarter of T after the last answer ahead.
+        assert_eq!(inner.health.class(t, last_ahead + t / 4), Class::Stalled);
     }
 
     /// Steady state: each round pairs with the previous one; the deadline is `E + 0.8 T`.
