@@ -222,7 +222,10 @@ async fn a_floor_stated_while_the_session_monitor_runs_is_not_counted_until_its_
     let t = Duration::from_secs(10);
     let floor = Duration::from_secs(2);
     // Server B negotiates at most 2 s; the client negotiated 10 s elsewhere and was moved onto B.
-    let MovedToB { ensemble, leader, b, client: holder_client } = client_moved_to_a_server_with_a_lower_limit(t).await;
+    let MovedToB { ensemble, leader, b, client: holder_client, a_door: _a_door } =
+        client_moved_to_a_server_with_a_lower_limit(t).await;
+    let holder_client_session = holder_client.session().id().0;
+    let holder_session_client = holder_client.clone();
 
     // Another lock of the same client, built without the floor: the session monitor starts and
     // heartbeats with the 10 s negotiated at the first connect.
@@ -238,6 +241,7 @@ async fn a_floor_stated_while_the_session_monitor_runs_is_not_counted_until_its_
         .build()
         .unwrap();
     let guard = Arc::new(holder.acquire().await.unwrap());
+    let holder_session = holder_client_session;
     let waiter_client = ensemble.client_of(leader, t).await.unwrap();
     let observer = waiter_client.clone();
     let waiter = InterProcessMutex::new(waiter_client, &path).unwrap();
@@ -258,9 +262,35 @@ async fn a_floor_stated_while_the_session_monitor_runs_is_not_counted_until_its_
             let reason = tokio::time::timeout(t * 3, guard.lost()).await.ok();
             (Instant::now(), reason)
         },
-        async { tokio::time::timeout(t * 5, waiting).await.expect("the waiter is granted").unwrap() }
+        async { tokio::time::timeout(t * 5, waiting).await }
     );
-    let ((told_at, reason), (granted_at, state_at_grant, waiter_guard)) = (told, granted);
+    let ((told_at, reason), granted) = (told, granted);
+    let Ok(granted) = granted else {
+        // Say what the server shows before failing: whether the holder's node (and session) is
+        // still there, as the leader's client sees it, or the waiter missed its deletion.
+        let left = children(&observer, &path).await;
+        let mut owners = Vec::new();
+        for child in &left {
+            let node = format!("{path}/{child}");
+            owners.push(observer.check_stat(&node).await.map(|stat| stat.map(|stat| stat.ephemeral_owner)));
+        }
+        let mut on = Vec::new();
+        for i in 0..ensemble.len() {
+            if connected_to(&ensemble, i, &holder_session_client).await {
+                on.push(i);
+            }
+        }
+        panic!(
+            "the waiter was not granted within {:?} of the cut; the holder was told {reason:?} {:?} after the cut and \
+             reads {:?}; the lock's children now: {left:?}, their ephemeral owners {owners:?}; the holder's session \
+             {:#x} is connected to server(s) {on:?} (B is {b})",
+            t * 5,
+            told_at.saturating_duration_since(cut),
+            guard.state(),
+            holder_session
+        );
+    };
+    let (granted_at, state_at_grant, waiter_guard) = granted.expect("the waiter's task");
     eprintln!(
         "floor stated late: holder told {reason:?} {:?} after the cut; waiter granted {:?} after the cut; the \
          holder's state at the grant: {state_at_grant:?}",

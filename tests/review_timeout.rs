@@ -22,7 +22,8 @@ async fn case(policy: LossPolicy) {
     init_tracing();
     let t = Duration::from_secs(10);
     // Server B negotiates at most 2 s; the client negotiated 10 s elsewhere and was moved onto B.
-    let MovedToB { ensemble, leader, b, client: holder_client } = client_moved_to_a_server_with_a_lower_limit(t).await;
+    let MovedToB { ensemble, leader, b, client: holder_client, a_door: _a_door } =
+        client_moved_to_a_server_with_a_lower_limit(t).await;
 
     let path = unique_path("renegotiated");
     let history = Arc::new(History::new(&path));
