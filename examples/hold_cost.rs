@@ -65,8 +65,9 @@ const BURST: Published = Published { heap: 1_900, rss: 3_400 };
 /// 700 B) and the task serving its election (512 B) beside the hold.
 const LATCH_BURST: Published = Published { heap: 2_700, rss: 6_000 };
 /// Mutexes taken all at once from a worker (`BURST=1 SPAWN=worker`): the same heap, and the
-/// acquires' tasks freed among the holds' records.
-const BURST_FROM_WORKER: Published = Published { heap: 1_900, rss: 4_900 };
+/// acquires' tasks freed among the holds' records (4.9 KB before the holds' and feeds' slab;
+/// 4.1–4.4 KB with it).
+const BURST_FROM_WORKER: Published = Published { heap: 1_900, rss: 4_400 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch:
 /// create (`NoNode`), a listing pipelined behind it, the `multi` that makes the directory with the
 /// node, a listing behind that, the watch's `getData`.

@@ -340,7 +340,7 @@ impl OnSession<'_> {
 /// told) if dropped.
 struct Tracked<'a> {
     session: &'a crate::session::monitor::Session,
-    feeds: Vec<Arc<crate::session::monitor::HoldFeed>>,
+    feeds: Vec<crate::sync::Record<crate::session::monitor::HoldFeed>>,
 }
 
 impl Drop for Tracked<'_> {

@@ -61,6 +61,7 @@ use crate::session::client::{RecipeClient, SessionContext};
 use crate::session::monitor::HoldFeed;
 use crate::session::watch::{watch_node, NodeWatch, Watched};
 use crate::state::{LossPolicy, LossReason};
+use crate::sync::Record;
 use delay::DelayCheck;
 
 /// How many times in a row our node may vanish under us before we give up.
@@ -124,7 +125,7 @@ impl LockNode {
 /// held by.
 pub(crate) struct Grant {
     pub node: LockNode,
-    pub feed: Arc<HoldFeed>,
+    pub feed: Record<HoldFeed>,
     pub context: Arc<SessionContext>,
     /// Granted after waiting for a predecessor (a handoff), not at once.
     pub handoff: bool,
@@ -493,7 +494,7 @@ impl OnSession<'_> {
         node: &LockNode,
         mut own_watch: Option<NodeWatch>,
         wait: Wait,
-    ) -> Result<Option<Arc<HoldFeed>>> {
+    ) -> Result<Option<Record<HoldFeed>>> {
         let session = &self.context.session;
         loop {
             match session.track(&self.context.cleanup, &node.path, self.lock.loss_policy, own_watch) {

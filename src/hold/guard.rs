@@ -9,6 +9,7 @@ use crate::hold::fenced::FencedWriter;
 use crate::hold::holds::{confirm, Hold, Holds};
 use crate::session::cleanup::Backoff;
 use crate::state::{LockState, LossReason};
+use crate::sync::Record;
 
 /// What a revocation request writes as the lock node's data (Curator's
 /// `LockInternals.REVOKE_MESSAGE`).
@@ -86,7 +87,7 @@ impl fmt::Display for FencingToken {
 #[must_use = "dropping the guard releases the lock"]
 pub struct LockGuard {
     holds: Arc<Holds>,
-    pub(crate) hold: Arc<Hold>,
+    pub(crate) hold: Record<Hold>,
     released: bool,
 }
 
@@ -102,12 +103,12 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     /// The first guard of a new hold of `holds` (see [`Holds::register`]).
-    pub(crate) fn granted(holds: &Arc<Holds>, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> LockGuard {
+    pub(crate) fn granted(holds: &Arc<Holds>, grant: Grant, downgraded_from: Option<Record<Hold>>) -> LockGuard {
         LockGuard { holds: holds.clone(), hold: holds.register(grant, downgraded_from), released: false }
     }
 
     /// Another guard of `hold` (re-entry; see [`Holds::reenter`]).
-    pub(crate) fn reentered(holds: &Arc<Holds>, hold: &Arc<Hold>) -> Result<Option<LockGuard>> {
+    pub(crate) fn reentered(holds: &Arc<Holds>, hold: &Record<Hold>) -> Result<Option<LockGuard>> {
         Ok(holds.reenter(hold)?.then(|| LockGuard { holds: holds.clone(), hold: hold.clone(), released: false }))
     }
 
@@ -292,7 +293,7 @@ impl LockGuard {
 /// `Send + Sync + 'static`; it keeps no lock held (the hold ends with its guards).
 #[derive(Clone)]
 pub struct LossSignal {
-    hold: Arc<Hold>,
+    hold: Record<Hold>,
 }
 
 impl fmt::Debug for LossSignal {

@@ -30,7 +30,11 @@ use crate::metrics;
 use crate::session::client::SessionContext;
 use crate::session::monitor::HoldFeed;
 use crate::state::{LockState, LossReason};
-use crate::sync::lock;
+use crate::sync::{lock, Record, Records, WeakRecord};
+
+/// Every hold, side by side (see [`Records`]: the holds of a burst of grants would otherwise pin
+/// the pages the acquires' transient state leaves free).
+static HOLDS: Records<Hold> = Records::new();
 
 /// One hold of a lock: our node, shared by all of its guards, and what the session monitor tells
 /// about it.
@@ -38,11 +42,11 @@ use crate::sync::lock;
 pub(crate) struct Hold {
     id: u64,
     pub(crate) node: LockNode,
-    pub(crate) feed: Arc<HoldFeed>,
+    pub(crate) feed: Record<HoldFeed>,
     /// The session holding the lock (not necessarily the client's current one).
     pub(crate) context: Arc<SessionContext>,
     /// The hold this one was downgraded from (a downgraded read: its write hold), if any.
-    downgraded_from: Option<Arc<Hold>>,
+    downgraded_from: Option<Record<Hold>>,
     /// Who acquired the hold (the task, or the thread outside any task).
     acquired_by: Owner,
     /// Its node was created revocable.
@@ -103,7 +107,7 @@ impl Hold {
     }
 
     /// The hold this one was downgraded from, if this one is a downgraded read.
-    pub(crate) fn downgraded_from(&self) -> Option<&Arc<Hold>> {
+    pub(crate) fn downgraded_from(&self) -> Option<&Record<Hold>> {
         self.downgraded_from.as_ref()
     }
 
@@ -240,7 +244,7 @@ impl Hold {
 /// more per held lock).
 #[derive(Debug)]
 pub(crate) struct Holds {
-    live: Mutex<Vec<Arc<Hold>>>,
+    live: Mutex<Vec<Record<Hold>>>,
     next_id: AtomicU64,
     recipe: &'static str,
 }
@@ -277,7 +281,7 @@ impl Holds {
 
     /// Whether any hold with a guard alive is not lost (each re-evaluated now).
     pub(crate) fn any_not_lost(&self) -> bool {
-        let live: Vec<Arc<Hold>> = lock(&self.live).clone();
+        let live: Vec<Record<Hold>> = lock(&self.live).clone();
         live.iter().any(|hold| !matches!(hold.state(), LockState::Lost(_)))
     }
 
@@ -288,13 +292,13 @@ impl Holds {
 
     /// A new hold from a grant, counting its first guard, acquired by the current task (or
     /// thread); `downgraded_from` is the write hold a downgraded read comes from.
-    pub(crate) fn register(&self, grant: Grant, downgraded_from: Option<Arc<Hold>>) -> Arc<Hold> {
+    pub(crate) fn register(&self, grant: Grant, downgraded_from: Option<Record<Hold>>) -> Record<Hold> {
         let Grant { node, feed, context, handoff, revocable } = grant;
         metrics::granted(self.recipe);
         if handoff {
             metrics::handoff(self.recipe);
         }
-        let hold = Arc::new(Hold {
+        let hold = HOLDS.insert(Hold {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             node,
             feed,
@@ -340,7 +344,7 @@ impl Holds {
     /// [`LeaderLatch`](crate::LeaderLatch) steps down): each is told `Lost(reason)`, then its
     /// node's delete is sent before this returns. Guards released later end nothing more.
     pub(crate) fn end_all(&self, reason: LossReason) -> Ended {
-        let live: Vec<Arc<Hold>> = std::mem::take(&mut *lock(&self.live));
+        let live: Vec<Record<Hold>> = std::mem::take(&mut *lock(&self.live));
         let mut deletions = Vec::new();
         for hold in live {
             let ends = !std::mem::replace(&mut lock(&hold.life).ended, true);
@@ -359,7 +363,7 @@ impl Holds {
     /// timer task per leased hold does it; it holds the hold weakly and stops once the hold ends.
     ///
     /// Fails with `LockLost` if the hold is already lost or ended (a lease cannot revive it).
-    pub(crate) fn lease(self: &Arc<Self>, hold: &Arc<Hold>, duration: Duration) -> Result<()> {
+    pub(crate) fn lease(self: &Arc<Self>, hold: &Record<Hold>, duration: Duration) -> Result<()> {
         hold.check_live()?;
         let duration = duration.min(MAX_LEASE);
         let mut first = false;
@@ -386,7 +390,7 @@ impl Holds {
                 // and a holder that then blocks its thread (the hung holder a lease is for) would
                 // keep its timer from ever running.
                 Some(runtime) => {
-                    let timer = lease_timer(Arc::downgrade(self), Arc::downgrade(hold), lease.clone());
+                    let timer = lease_timer(Arc::downgrade(self), Record::downgrade(hold), lease.clone());
                     let spawner = runtime.clone();
                     drop(runtime.spawn_blocking(move || drop(spawner.spawn(timer))));
                 },
@@ -400,7 +404,7 @@ impl Holds {
 
     /// The lease of `hold` ran out: the hold ends now, told `Lost(LeaseExpired)` before its node's
     /// delete is sent (as `end_all` ends a hold).
-    fn expire(&self, hold: &Arc<Hold>) {
+    fn expire(&self, hold: &Record<Hold>) {
         {
             let mut live = lock(&self.live);
             if let Some(at) = live.iter().position(|live| live.id == hold.id) {
@@ -419,7 +423,7 @@ impl Holds {
 
     /// Drops one guard of `hold`. When it was the last, the hold ends: its node's delete is sent
     /// before this returns.
-    pub(crate) fn release_guard(&self, hold: &Arc<Hold>) -> Ended {
+    pub(crate) fn release_guard(&self, hold: &Record<Hold>) -> Ended {
         let ends = {
             let mut life = lock(&hold.life);
             life.guards -= 1;
@@ -443,7 +447,7 @@ impl Holds {
 
 /// Ends `hold` when its lease runs out (see [`Holds::lease`]); returns early once the hold ended
 /// otherwise (released) or is gone.
-async fn lease_timer(holds: Weak<Holds>, hold: Weak<Hold>, lease: Arc<HoldLease>) {
+async fn lease_timer(holds: Weak<Holds>, hold: WeakRecord<Hold>, lease: Arc<HoldLease>) {
     loop {
         let moved = lease.moved.notified();
         tokio::pin!(moved);

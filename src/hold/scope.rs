@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::hold::holds::{Hold, Holds};
-use crate::sync::lock;
+use crate::sync::{lock, Record};
 
 tokio::task_local! {
     /// The lock scopes the current future runs in (innermost last); see [`Scope`] for who may
@@ -53,7 +53,7 @@ tokio::task_local! {
 struct Scope {
     /// The lock (one kind of it: a read/write lock's read and write locks have a table each).
     holds: Weak<Holds>,
-    hold: Arc<Hold>,
+    hold: Record<Hold>,
     owner: Arc<ScopeOwner>,
 }
 
@@ -73,7 +73,7 @@ impl ScopeOwner {
 
 /// Runs `section` inside a lock scope of `holds` whose hold is `hold`: acquires of the same lock
 /// made by the task polling it re-enter `hold` ([`scope_hold`]).
-pub(crate) async fn run_in_scope<Fut: Future>(holds: &Arc<Holds>, hold: Arc<Hold>, section: Fut) -> Fut::Output {
+pub(crate) async fn run_in_scope<Fut: Future>(holds: &Arc<Holds>, hold: Record<Hold>, section: Fut) -> Fut::Output {
     let mut scopes = LOCK_SCOPES.try_with(Clone::clone).unwrap_or_default();
     let owner = Arc::new(ScopeOwner::default());
     scopes.push(Scope { holds: Arc::downgrade(holds), hold, owner: owner.clone() });
@@ -88,7 +88,7 @@ pub(crate) async fn run_in_scope<Fut: Future>(holds: &Arc<Holds>, hold: Arc<Hold
 
 /// The hold of the innermost lock scope of `holds` the current future runs in, if the current
 /// task is the one polling that scope's future (see [`Scope`] for why).
-pub(crate) fn scope_hold(holds: &Arc<Holds>) -> Option<Arc<Hold>> {
+pub(crate) fn scope_hold(holds: &Arc<Holds>) -> Option<Record<Hold>> {
     let me = Arc::as_ptr(holds);
     let task = tokio::task::try_id();
     LOCK_SCOPES

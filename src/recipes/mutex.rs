@@ -21,6 +21,7 @@ use crate::session::cleanup::retry_unknown;
 use crate::session::client::RecipeClient;
 use crate::session::monitor::check_runtime;
 use crate::state::LossReason;
+use crate::sync::Record;
 
 /// The `recipe` label of this recipe's metrics.
 const RECIPE: &str = "mutex";
@@ -131,7 +132,7 @@ pub(crate) enum Entry {
     Queue,
     /// Create a node of the lock's kind *beside* the node of `anchor` (named with its sequence
     /// number, in the same place of the queue), granted at once: a hold downgraded from `anchor`.
-    Beside { anchor: Arc<Hold> },
+    Beside { anchor: Record<Hold> },
 }
 
 /// Builds an [`InterProcessMutex`] with options; see [`InterProcessMutex::builder`].
@@ -386,7 +387,7 @@ impl InterProcessMutex {
     /// creates one beside the anchor's node and is granted at once (a downgrade from it).
     async fn queue(
         &self,
-        anchor: Option<Arc<Hold>>,
+        anchor: Option<Record<Hold>>,
         wait: Wait,
         timeout: Option<Duration>,
         lease: Option<Duration>,

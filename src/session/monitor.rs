@@ -207,7 +207,7 @@ use crate::session::cleanup::{Cleanup, Searches, Target};
 use crate::session::clock::Clock;
 use crate::session::watch::{arm, NodeWatch, WatchFuture, Watched};
 use crate::state::{LockState, LossPolicy, LossReason};
-use crate::sync::lock;
+use crate::sync::{lock, Record, Records, WeakRecord};
 
 /// How long a hold nobody asked about goes without a watch on its own node.
 pub(crate) const OWN_NODE_WATCH_DELAY: Duration = Duration::from_millis(100);
@@ -290,7 +290,7 @@ struct Shared {
 /// Own-node watches not yet taken in by the driver, and whether the driver task runs.
 #[derive(Default)]
 struct OwnWatchQueue {
-    incoming: Vec<(Weak<HoldFeed>, Option<WatchFuture>)>,
+    incoming: Vec<(WeakRecord<HoldFeed>, Option<WatchFuture>)>,
     running: bool,
     /// The driver took the queue and waits (or is about to): a watch queued now must wake it.
     waiting: bool,
@@ -304,7 +304,7 @@ struct Inner {
     acquires: usize,
     /// When the last acquire or hold ended (the monitor lingers for T after it).
     idle_since: Option<Instant>,
-    holds: HashMap<u64, Arc<HoldFeed>>,
+    holds: HashMap<u64, Record<HoldFeed>>,
     next_hold: u64,
     /// Answered requests of the last `2 T`, in entries of at most `W` of answer times, ordered
     /// by answer time.
@@ -313,7 +313,7 @@ struct Inner {
     /// What the holds were last told, to re-evaluate them only when it changes.
     told: Option<Class>,
     /// Holds waiting for their own-node watch, in the order their delay ends.
-    watch_queue: VecDeque<(Instant, Weak<HoldFeed>)>,
+    watch_queue: VecDeque<(Instant, WeakRecord<HoldFeed>)>,
     /// The managed client was closed: no lingering once idle.
     closed: bool,
     /// The latest disconnection the monitor read: the clock just before and just after a read of
@@ -441,10 +441,15 @@ fn verdict(class: Class, policy: LossPolicy) -> LockState {
     }
 }
 
+/// Every hold's feed, side by side (see [`Records`]: the feeds of a burst of grants would
+/// otherwise pin the pages the acquires' transient state leaves free).
+static FEEDS: Records<HoldFeed> = Records::new();
+
 /// The session-side record of one hold: its state, and what is needed to keep it true.
 ///
 /// Kept small (every held lock has one): the state behind a plain mutex, one `Notify` for
-/// `lost()`, the node's path shared with its watch.
+/// `lost()`, the node's path shared with its watch; placed beside the other holds' feeds
+/// ([`FEEDS`]).
 pub(crate) struct HoldFeed {
     id: u64,
     path: Arc<str>,
@@ -646,7 +651,7 @@ impl Session {
         path: &Arc<str>,
         policy: LossPolicy,
         own_watch: Option<NodeWatch>,
-    ) -> std::result::Result<Arc<HoldFeed>, Unvouched> {
+    ) -> std::result::Result<Record<HoldFeed>, Unvouched> {
         let now = self.now();
         let mut inner = lock(&self.shared.inner);
         let state = verdict(self.shared.class_now(&inner, now), policy);
@@ -655,7 +660,7 @@ impl Session {
         }
         let id = inner.next_hold;
         inner.next_hold += 1;
-        let feed = Arc::new(HoldFeed {
+        let feed = FEEDS.insert(HoldFeed {
             id,
             path: path.clone(),
             policy,
@@ -671,7 +676,7 @@ impl Session {
         let mut wake = false;
         if own_watch.is_none() {
             wake = inner.watch_queue.is_empty();
-            inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Arc::downgrade(&feed)));
+            inner.watch_queue.push_back((now + OWN_NODE_WATCH_DELAY, Record::downgrade(&feed)));
         }
         let start = self.ensure_running(&mut inner);
         drop(inner);
@@ -691,7 +696,7 @@ impl Session {
     /// The managed client was closed: every hold is told `Lost(SessionClosed)` (its node is
     /// deleted by the close), and the monitor stops as soon as nothing uses the session.
     pub(crate) fn close_holds(&self) {
-        let holds: Vec<Arc<HoldFeed>> = {
+        let holds: Vec<Record<HoldFeed>> = {
             let mut inner = lock(&self.shared.inner);
             inner.closed = true;
             inner.holds.drain().map(|(_, feed)| feed).collect()
@@ -741,7 +746,7 @@ impl Session {
 
     /// The hold's state now: re-evaluated against the clock (the monitor may not have run yet),
     /// and the own-node watch started if it was not.
-    pub(crate) fn state(&self, feed: &Arc<HoldFeed>) -> LockState {
+    pub(crate) fn state(&self, feed: &Record<HoldFeed>) -> LockState {
         if !feed.watching.load(Ordering::Relaxed) && self.spawn_own_watch(feed, None) {
             off_this_worker();
         }
@@ -828,7 +833,7 @@ impl Session {
     /// A watch that is never sent ([`NodeWatch::never`]) is not queued: the hold needs none.
     /// Returns whether it woke or spawned the driver (see [`off_this_worker`]).
     #[must_use]
-    fn spawn_own_watch(&self, feed: &Arc<HoldFeed>, armed: Option<NodeWatch>) -> bool {
+    fn spawn_own_watch(&self, feed: &Record<HoldFeed>, armed: Option<NodeWatch>) -> bool {
         let armed = match armed {
             Some(watch) => match watch.into_future() {
                 Some(watch) => Some(watch),
@@ -842,7 +847,7 @@ impl Session {
         };
         let (start, wake) = {
             let mut queue = lock(&self.shared.own_watches);
-            queue.incoming.push((Arc::downgrade(feed), armed));
+            queue.incoming.push((Record::downgrade(feed), armed));
             let start = !std::mem::replace(&mut queue.running, true);
             (start, !start && std::mem::replace(&mut queue.waiting, false))
         };
@@ -912,7 +917,7 @@ fn off_this_worker() {
 /// cleanup, the path, the retries) lives in a box freed once the watch is set, and is found again
 /// from the feed when the watch must be set anew.
 #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
-fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) -> impl Future<Output = ()> + Send + 'static {
+fn own_watch(feed: WeakRecord<HoldFeed>, mut armed: Option<WatchFuture>) -> impl Future<Output = ()> + Send + 'static {
     // An `async` block over the arguments, not an `async fn`: the arguments stay its only copy
     // (an `async fn` keeps them twice, rust-lang/rust#62958), and while the watch waits only
     // the client's watcher future, the `Weak` feed, the emptied `armed` slot and a flag are kept
@@ -957,7 +962,10 @@ fn own_watch(feed: Weak<HoldFeed>, mut armed: Option<WatchFuture>) -> impl Futur
 
 /// Sets the watch on the node of the hold `feed` feeds (see [`arm`]); `None` once the hold is
 /// gone.
-async fn arm_own_watch(feed: &Weak<HoldFeed>, readable: &mut bool) -> Option<Result<zk::OneshotWatcher, Watched>> {
+async fn arm_own_watch(
+    feed: &WeakRecord<HoldFeed>,
+    readable: &mut bool,
+) -> Option<Result<zk::OneshotWatcher, Watched>> {
     let (cleanup, path) = feed.upgrade().map(|feed| (feed.cleanup.clone(), feed.path.clone()))?;
     tracing::trace!(path = &*path, "setting a data watch on our own node");
     Some(arm(&cleanup, &path, readable).await)
@@ -1122,7 +1130,7 @@ impl Shared {
     /// Tells every tracked hold `Lost(MonitorStopped)` and stops tracking them (`why` is logged
     /// if there were any): a task the holds rely on ended early.
     fn stop_holds(&self, why: &'static str) {
-        let holds: Vec<Arc<HoldFeed>> = lock(&self.inner).holds.drain().map(|(_, feed)| feed).collect();
+        let holds: Vec<Record<HoldFeed>> = lock(&self.inner).holds.drain().map(|(_, feed)| feed).collect();
         if !holds.is_empty() {
             error!(session = format_args!("{:#x}", self.id), holds = holds.len(), "{why}");
         }
@@ -1148,7 +1156,7 @@ impl Shared {
 
     /// Re-evaluates every hold if the session's condition changed since they were last told.
     fn tell_holds(&self, class: Class) {
-        let holds: Vec<Arc<HoldFeed>> = {
+        let holds: Vec<Record<HoldFeed>> = {
             let mut inner = lock(&self.inner);
             if inner.told == Some(class) {
                 return;
