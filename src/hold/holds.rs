@@ -244,9 +244,53 @@ impl Hold {
 /// more per held lock).
 #[derive(Debug)]
 pub(crate) struct Holds {
-    live: Mutex<Vec<Record<Hold>>>,
+    live: Mutex<Live>,
     next_id: AtomicU64,
     recipe: &'static str,
+}
+
+/// The holds of one lock with a guard alive: the first in place, more in a list made only when a
+/// second is live at the same time (a lost hold whose guards are kept, a shared lock's readers).
+/// A lock usually has one at a time, so a hold costs no allocation of its own here: one made at
+/// the grant would land among the acquires' transient state and pin its pages in a burst.
+///
+/// Invariant: `more` is empty while `first` is `None`.
+#[derive(Debug, Default)]
+struct Live {
+    first: Option<Record<Hold>>,
+    more: Vec<Record<Hold>>,
+}
+
+impl Live {
+    fn push(&mut self, hold: Record<Hold>) {
+        match self.first {
+            None => self.first = Some(hold),
+            Some(_) => self.more.push(hold),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Record<Hold>> {
+        self.first.iter().chain(&self.more)
+    }
+
+    /// Removes the hold `id` if it is here.
+    fn remove(&mut self, id: u64) {
+        if self.first.as_ref().is_some_and(|first| first.id == id) {
+            self.first = self.more.pop();
+        } else if let Some(at) = self.more.iter().position(|hold| hold.id == id) {
+            self.more.swap_remove(at);
+        }
+    }
+
+    /// Takes every hold out.
+    fn take(&mut self) -> Vec<Record<Hold>> {
+        let Live { first, more } = std::mem::take(self);
+        first.into_iter().chain(more).collect()
+    }
 }
 
 /// What releasing a guard started: the deletion of the hold it ended (none while other guards
@@ -271,7 +315,7 @@ impl Ended {
 impl Holds {
     /// An empty table for a lock whose metrics carry `recipe`.
     pub(crate) fn new(recipe: &'static str) -> Arc<Holds> {
-        Arc::new(Holds { live: Mutex::new(Vec::new()), next_id: AtomicU64::new(0), recipe })
+        Arc::new(Holds { live: Mutex::new(Live::default()), next_id: AtomicU64::new(0), recipe })
     }
 
     /// The `recipe` label of this lock's metrics.
@@ -281,7 +325,7 @@ impl Holds {
 
     /// Whether any hold with a guard alive is not lost (each re-evaluated now).
     pub(crate) fn any_not_lost(&self) -> bool {
-        let live: Vec<Record<Hold>> = lock(&self.live).clone();
+        let live: Vec<Record<Hold>> = lock(&self.live).iter().cloned().collect();
         live.iter().any(|hold| !matches!(hold.state(), LockState::Lost(_)))
     }
 
@@ -344,7 +388,7 @@ impl Holds {
     /// [`LeaderLatch`](crate::LeaderLatch) steps down): each is told `Lost(reason)`, then its
     /// node's delete is sent before this returns. Guards released later end nothing more.
     pub(crate) fn end_all(&self, reason: LossReason) -> Ended {
-        let live: Vec<Record<Hold>> = std::mem::take(&mut *lock(&self.live));
+        let live = lock(&self.live).take();
         let mut deletions = Vec::new();
         for hold in live {
             let ends = !std::mem::replace(&mut lock(&hold.life).ended, true);
@@ -405,12 +449,7 @@ impl Holds {
     /// The lease of `hold` ran out: the hold ends now, told `Lost(LeaseExpired)` before its node's
     /// delete is sent (as `end_all` ends a hold).
     fn expire(&self, hold: &Record<Hold>) {
-        {
-            let mut live = lock(&self.live);
-            if let Some(at) = live.iter().position(|live| live.id == hold.id) {
-                live.swap_remove(at);
-            }
-        }
+        lock(&self.live).remove(hold.id);
         if !std::mem::replace(&mut lock(&hold.life).ended, true) {
             warn!(
                 lock_path = hold.lock_path(),
@@ -432,12 +471,7 @@ impl Holds {
             }
             !std::mem::replace(&mut life.ended, true)
         };
-        {
-            let mut live = lock(&self.live);
-            if let Some(at) = live.iter().position(|live| live.id == hold.id) {
-                live.swap_remove(at);
-            }
-        }
+        lock(&self.live).remove(hold.id);
         if !ends {
             return Ended(Vec::new());
         }
