@@ -150,3 +150,72 @@ async fn a_heartbeat_behind_a_queue_of_answered_requests_is_not_a_stall() {
         assert_no_nodes_left_while_open(&observer, path, std::slice::from_ref(&session), Duration::from_secs(10)).await;
     }
 }
+
+/// A burst of acquires on a cold session waits in the session's window of creates, not at the
+/// server ahead of its heartbeats (*A window of creates* in `session/monitor.rs`): 4,000 acquires
+/// on existing lock paths, started together on a session whose monitor is not running, through
+/// a proxy that passes one create every 2 ms or more (a slow server: 3.7 ms each here, with the
+/// proxy's timer lag; 4,000 creates take 15 s).
+///
+/// T = 30 s. The first deadline after a cold start is `0.36 T` (10.8 s) after the first round was
+/// sent, and is moved only by an answer to a request sent `G` (6.6 s) after an earlier answer.
+/// Without the window every create is ahead of the second round, answered ~15 s in: the deadline
+/// passes with most locks granted, and they read `Lost(SessionDeadlinePassed)`. With it, at most
+/// `CREATE_WINDOW` (512) creates, about 1.9 s of them, are ahead of any request of ours, so
+/// creates sent from 6.6 s on are answered by ~8.5 s: 2.3 s of margin, for the proxy's timer to
+/// lag more on a loaded machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_acquires_waits_in_the_sessions_window_not_ahead_of_its_heartbeats() {
+    use zk_recipes::InterProcessMutex;
+    use zk_testcontainers::{op, FaultProxy};
+    init_tracing();
+    let zk = zookeeper().await;
+    let t = Duration::from_secs(30);
+    let proxy = FaultProxy::start(zk.connect_string()).await.unwrap();
+    let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
+    assert_eq!(session.session_timeout(), t, "the timings below are for T = {t:?}");
+    let observer = client().await;
+    // The lock paths exist (persistent), so each acquire is one create and one listing.
+    let n = 4_000;
+    let parent = unique_path("windowed");
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    observer.mkdir(&parent, &persistent).await.unwrap();
+    let paths: Vec<String> = (0..n).map(|i| format!("{parent}/lock-{i}")).collect();
+    let creates: Vec<_> = paths.iter().map(|path| observer.create(path, &[], &persistent)).collect();
+    for create in creates {
+        create.await.unwrap();
+    }
+    let mutexes: Vec<_> = paths.iter().map(|path| InterProcessMutex::new(session.clone(), path).unwrap()).collect();
+    proxy.delay_requests(&[op::CREATE2], Duration::from_millis(2));
+    let started = Instant::now();
+    let burst: Vec<_> = mutexes.into_iter().map(|mutex| tokio::spawn(async move { mutex.acquire().await })).collect();
+    let mut guards = Vec::new();
+    for acquire in burst {
+        guards.push(acquire.await.unwrap().unwrap());
+    }
+    let acquired_in = started.elapsed();
+    proxy.delay_requests(&[], Duration::ZERO);
+    let creates = proxy.requests().get(&op::CREATE2).copied().unwrap_or(0);
+    // Past the first deadline's end by a round or two: a hold granted before it passed is lost now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut states = std::collections::BTreeMap::<String, usize>::new();
+    for guard in &guards {
+        *states.entry(format!("{:?}", guard.state())).or_default() += 1;
+    }
+    eprintln!(
+        "{n} acquires through a proxy passing a create every 2 ms: {acquired_in:?}, {creates} creates; {states:?}"
+    );
+    assert!(creates >= n, "each acquire sent its create ({creates} sent)");
+    assert!(acquired_in >= Duration::from_millis(2 * n), "the creates were not held as meant: {acquired_in:?}");
+    assert_eq!(
+        states.get("Held").copied().unwrap_or(0),
+        n as usize,
+        "every lock held on a healthy session: {states:?}"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for path in &paths {
+        assert_no_nodes_left_while_open(&observer, path, std::slice::from_ref(&session), Duration::from_secs(10)).await;
+    }
+}

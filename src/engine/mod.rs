@@ -715,6 +715,10 @@ impl OnSession<'_> {
                     Err(err) => return Err(Error::zk("list", &self.lock.dir, err)),
                 }
             }
+            // A place in the session's window of creates, held until this round's replies are in
+            // (so a burst queues here, not ahead of the session's heartbeats at the server:
+            // *A window of creates* in `session/monitor.rs`).
+            let _slot = self.context.session.create_slot().await;
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
             let sent = self.context.session.now();
