@@ -59,11 +59,12 @@ struct Published {
 const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
 /// Locks taken all at once (`BURST=1`): about the same heap, and a little more resident memory —
 /// the pages the acquires' transient allocations shared with the holds' records (issue 24 asks
-/// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 2.0–2.1 KB since).
+/// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 1.96–2.09 KB since).
 const BURST: Published = Published { heap: 1_700, rss: 2_100 };
 /// Started leader latches' leaderships taken all at once (`RECIPE=latch BURST=1`): the latch (about
-/// 700 B) and the task serving its election (512 B) beside the hold.
-const LATCH_BURST: Published = Published { heap: 2_700, rss: 6_000 };
+/// 700 B) and the task serving its election (512 B) beside the hold (5.8–6.1 KB resident before a
+/// session's creates in flight were bounded, 4.0–4.6 KB since).
+const LATCH_BURST: Published = Published { heap: 2_500, rss: 4_600 };
 /// Mutexes taken all at once from a worker (`BURST=1 SPAWN=worker`): the same heap, and the
 /// acquires' tasks freed among the holds' records (4.9 KB before the holds' and feeds' slab;
 /// 4.1–4.4 KB with it; 2.5–2.9 KB since a session's creates in flight are bounded).
@@ -73,9 +74,9 @@ const BURST_FROM_WORKER: Published = Published { heap: 1_700, rss: 2_800 };
 /// node, a listing behind that, the watch's `getData`.
 const BURST_REQUESTS_PER_HOLD: u64 = 5;
 /// The burst's time over that of the raw operations it needs, the median of runs (issue 24 asks
-/// at most 1.3): 1.25 (five runs, 1.16–1.44) while a burst's creates were all sent at once; 1.6
-/// since a session has at most 512 in flight (five runs on a slow machine, 1.32–2.24).
-const BURST_TIME_PER_RAW: f64 = 1.6;
+/// at most 1.3): 1.25 (five runs, 1.16–1.44) while a burst's creates were all sent at once; 1.7
+/// since a session has at most 512 in flight (eleven runs on a slow machine, 1.32–2.24).
+const BURST_TIME_PER_RAW: f64 = 1.7;
 /// The same for the latches' burst (seven runs: 1.08–1.94).
 const LATCH_BURST_TIME_PER_RAW: f64 = 1.7;
 

@@ -153,6 +153,10 @@ impl OnSession<'_> {
         loop {
             let mut leases = PendingLeases(Vec::with_capacity(qty));
             let mut listing = None;
+            // One place in the session's window of creates for this round's creates, one after
+            // another (`session/monitor.rs`, *A window of creates*); taken before a lock-delay's
+            // read, which is sent as it is made. No lock is waited for while it is held.
+            let slot = self.context.session.create_slot().await;
             // With a lock-delay, the directory's marks, read in the round trip of our first create
             // (`delay.rs`).
             let before = self.lock.lock_delay.map(|_| self.context.client().get_data(&self.lock.dir));
@@ -170,6 +174,7 @@ impl OnSession<'_> {
                 // Only the listing sent after the last create shows every node of ours.
                 listing = pipelined;
             }
+            drop(slot);
             let before: delay::Before = match before {
                 Some(read) => Some(read.await),
                 None => None,

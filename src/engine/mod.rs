@@ -401,10 +401,16 @@ impl OnSession<'_> {
         let _ticket = self.context.session.begin_acquire()?;
         let mut protection = naming::protection(&Uuid::new_v4());
         self.context.cleanup.remember_runtime();
-        let mut pending = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
+        let mut pending =
+            PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone()).not_sent_yet();
         let mut prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
         let mut losses = 0;
         loop {
+            // A place in the session's window of creates, held until the create and its retries
+            // are answered (so a burst queues here, not ahead of the session's heartbeats at the
+            // server: *A window of creates* in `session/monitor.rs`); taken before a lock-delay's
+            // read too, which is sent as it is made.
+            let slot = self.context.session.create_slot().await;
             // With a lock-delay, the directory's stat from before our create (sent first: one round
             // trip still; `delay.rs`).
             let before = self.lock.lock_delay.map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
@@ -417,6 +423,7 @@ impl OnSession<'_> {
             // the hold's records filled, and a burst's resident memory per held lock went from
             // 3.1 to 4.8 KB (measured with `hold_cost`, BURST=1).
             let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
+            drop(slot);
             let listing = self.listing_to_come(&node, listing).await;
             let before: delay::Before = match before {
                 Some(read) => Some(read.await),
@@ -473,7 +480,8 @@ impl OnSession<'_> {
                     // old path must not find it (`session/cleanup.rs`, `Deletion`; review S).
                     protection = naming::protection(&Uuid::new_v4());
                     prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
-                    let fresh = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
+                    let fresh = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone())
+                        .not_sent_yet();
                     std::mem::replace(&mut pending, fresh).retire();
                 },
             }
@@ -715,10 +723,6 @@ impl OnSession<'_> {
                     Err(err) => return Err(Error::zk("list", &self.lock.dir, err)),
                 }
             }
-            // A place in the session's window of creates, held until this round's replies are in
-            // (so a burst queues here, not ahead of the session's heartbeats at the server:
-            // *A window of creates* in `session/monitor.rs`).
-            let _slot = self.context.session.create_slot().await;
             // The create is sent now, the listing right behind it (shared with other acquires
             // on this session that are creating at the same moment); then we wait for replies.
             let sent = self.context.session.now();
@@ -727,6 +731,7 @@ impl OnSession<'_> {
             let levels = missing.take();
             // With the levels of the lock path, our node is created with its directory.
             let with_levels = levels.is_some();
+            pending.sending();
             let create: CreateFuture<'_> = self
                 .context
                 .through_gate(|| match levels {

@@ -567,6 +567,8 @@ pub(crate) struct PendingNode {
     protection: String,
     path: Option<String>,
     armed: bool,
+    /// A create of this attempt may have been sent (see [`not_sent_yet`](Self::not_sent_yet)).
+    sent: bool,
     /// A create of this attempt had an unknown outcome: a node with its GUID may exist.
     maybe_applied: bool,
     /// On a lock with a lock-delay, the served mark a give-up writes as it deletes the node (a
@@ -583,6 +585,7 @@ impl PendingNode {
             protection,
             path: None,
             armed: true,
+            sent: true,
             maybe_applied: false,
             give_up_mark: None,
         }
@@ -593,6 +596,21 @@ impl PendingNode {
     /// the node is in, or 0 (`engine/delay.rs`, *Give-ups and waits cut short*).
     pub(crate) fn give_up_with_mark(&mut self, served: u32) {
         self.give_up_mark = Some(served);
+    }
+
+    /// Nothing of this attempt is sent yet: dropped before [`sending`](Self::sending), it looks
+    /// for nothing (an acquire cancelled while it waits for a place in the session's window of
+    /// creates would otherwise start a listing of the directory in the background, for a node
+    /// that cannot exist: review W). Every create of such a pending node must call `sending`
+    /// first.
+    pub(crate) fn not_sent_yet(mut self) -> PendingNode {
+        self.sent = false;
+        self
+    }
+
+    /// A create of this attempt is about to be sent (before the request is made).
+    pub(crate) fn sending(&mut self) {
+        self.sent = true;
     }
 
     /// A create's outcome was unknown: it may have been applied (now or later).
@@ -655,7 +673,7 @@ impl PendingNode {
 
 impl Drop for PendingNode {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && self.sent {
             debug!(target = ?self.target(), "abandoned acquire: deleting its lock node in the background");
             self.cleanup.delete(self.target());
         }

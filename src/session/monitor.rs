@@ -150,11 +150,18 @@
 //! deadline passed while the burst was being answered, and every hold granted before it was
 //! told `Lost(SessionDeadlinePassed)` on a healthy session — after a cold start, whose first
 //! deadline is only `0.36 T` away, in 3 of 19 runs. So at most [`CREATE_WINDOW`] acquires of a
-//! session have their create in flight ([`Session::create_slot`]: from before the create is sent
-//! until the replies the acquire waits for came in); the others wait for a place in the process,
-//! in order, and a round waits behind a few hundred requests at most. This is for liveness only:
-//! the deadline is derived as above whatever the queue, and a round that is slow still only
-//! makes it older.
+//! session have their create in flight ([`Session::create_slot`]: one place per attempt, from
+//! before its create — and a lock-delay's read — is sent until the create and its retries are
+//! answered, so a new lock path's `NoNode` and the `multi` after it do not queue twice); the
+//! others wait for a place in the process, in order, and a round waits behind a few hundred
+//! requests at most. A place is never held while waiting for a lock or a holder (a semaphore's
+//! round of lease creates holds one under its internal lock, which waits for no place). This is
+//! for liveness only: the deadline is derived as above whatever the queue, and a round that is
+//! slow still only makes it older. The window is the monitor's, so one per session and owner
+//! (a managed client's recipes and its plain client's count apart). An acquire future that is
+//! not polled keeps a place handed to it: acquires frozen on a runtime that no longer runs (a
+//! `block_on` that returned) can hold places that others of the session, on other runtimes,
+//! wait for.
 //!
 //! **Cold start.** The first leader round after the monitor (re)starts — a session's first
 //! acquire, or the first one after an idle period of more than T, when the monitor had stopped
