@@ -46,13 +46,10 @@ async fn an_expired_holders_successor_waits_the_delay_from_the_servers_delete() 
         granted_at - closing
     );
     // The server deleted the node between `closing` and `deleted_by`: the grant is at least the
-    // delay after the delete.
-    assert!(
-        granted_at - deleted_by >= DELAY - (deleted_by - closing),
-        "granted {:?} after the close",
-        granted_at - closing
-    );
-    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    // delay after the delete, so after `closing`, and within the slack of it, so of `deleted_by`
+    // (an expiry can take longer than the delay on a loaded machine: CI once took over 1.5 s).
+    assert!(granted_at - closing >= DELAY, "granted {:?} after the close", granted_at - closing);
+    assert_within(granted_at - deleted_by, DELAY + SLACK, "granted within the slack of the delay");
     granted.release().await.unwrap();
     drop(guard);
 }
@@ -287,12 +284,8 @@ async fn a_read_write_lock_delays_a_writer_after_a_readers_unclean_loss() {
     g2.release().await.unwrap();
     let (granted_at, granted) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
     eprintln!("reader lost: writer granted {:?} after the close", granted_at - closing);
-    assert!(
-        granted_at - deleted_by >= DELAY - (deleted_by - closing),
-        "a writer granted {:?} after a reader's unclean loss",
-        granted_at - closing
-    );
-    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    assert!(granted_at - closing >= DELAY, "a writer granted {:?} after a reader's unclean loss", granted_at - closing);
+    assert_within(granted_at - deleted_by, DELAY + SLACK, "granted within the slack of the delay");
     granted.release().await.unwrap();
     drop(g1);
     assert_no_nodes_left_while_open(
@@ -349,12 +342,8 @@ async fn a_semaphore_delays_the_lease_freed_by_an_unclean_loss() {
     let deleted_by = Instant::now();
     let (granted_at, second) = tokio::time::timeout(DELAY * 4, waiting).await.expect("granted").unwrap();
     eprintln!("lease lost: waiter granted {:?} after the close", granted_at - closing);
-    assert!(
-        granted_at - deleted_by >= DELAY - (deleted_by - closing),
-        "a lease granted {:?} after an unclean loss",
-        granted_at - closing
-    );
-    assert_within(granted_at - closing, DELAY + SLACK, "granted within the slack of the delay");
+    assert!(granted_at - closing >= DELAY, "a lease granted {:?} after an unclean loss", granted_at - closing);
+    assert_within(granted_at - deleted_by, DELAY + SLACK, "granted within the slack of the delay");
     drop(kept);
     lease.release().await.unwrap();
     second.release().await.unwrap();
@@ -398,11 +387,11 @@ async fn a_waiter_giving_up_keeps_the_count_and_hides_no_loss() {
         tokio::time::timeout(DELAY * 4, stamped(delayed(next.clone(), &path))).await.expect("granted").unwrap();
     eprintln!("after a give-up: granted {:?} after the close", granted_at - closing);
     assert!(
-        granted_at - deleted_by >= DELAY - (deleted_by - closing),
+        granted_at - closing >= DELAY,
         "granted {:?} after the close: the give-up's mark hid the loss",
         granted_at - closing
     );
-    assert_within(granted_at - closing, DELAY + SLACK, "the wait cut short counted toward the next");
+    assert_within(granted_at - deleted_by, DELAY + SLACK, "the wait cut short counted toward the next");
     granted.release().await.unwrap();
     drop(guard);
     assert_no_nodes_left_while_open(&next, &path, &[next.clone(), quitter.clone()], Duration::from_secs(10)).await;
@@ -433,12 +422,8 @@ async fn try_acquire_is_granted_after_the_delay_and_not_before() {
     };
     let granted_at = Instant::now();
     eprintln!("poll: granted {:?} after the close", granted_at - closing);
-    assert!(
-        granted_at - deleted_by >= DELAY - (deleted_by - closing),
-        "granted {:?} after the close",
-        granted_at - closing
-    );
-    assert_within(granted_at - closing, DELAY + SLACK, "a poll granted once the delay is over");
+    assert!(granted_at - closing >= DELAY, "granted {:?} after the close", granted_at - closing);
+    assert_within(granted_at - deleted_by, DELAY + SLACK, "a poll granted once the delay is over");
     granted.release().await.unwrap();
     drop(guard);
     assert_no_nodes_left_while_open(&poller, &path, std::slice::from_ref(&poller), Duration::from_secs(10)).await;
