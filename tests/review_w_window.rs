@@ -55,9 +55,13 @@ async fn an_acquire_cancelled_while_it_waits_for_a_place_in_the_window_sends_not
     }
     // A background search would have been queued at the cancel, behind the held creates: sent by now.
     let searches = proxy.requests().get(&op::GET_CHILDREN).copied().unwrap_or(0);
+    // Only the filling acquires sent creates: the cancelled ones were waiting for a place (not
+    // merely slower to start on a loaded machine).
+    let creates = proxy.requests().get(&op::CREATE2).copied().unwrap_or(0);
     for guard in guards {
         guard.release().await.unwrap();
     }
+    assert_eq!(creates, filling as u64, "creates sent: the cancelled acquires must not have had a place");
     assert_eq!(searches, 0, "listings of a lock directory by GUID (getChildren) for acquires that sent nothing");
     for path in &paths {
         assert_no_nodes_left_while_open(&observer, path, std::slice::from_ref(&session), Duration::from_secs(10)).await;

@@ -155,7 +155,8 @@ impl OnSession<'_> {
             let mut listing = None;
             // One place in the session's window of creates for this round's creates, one after
             // another (`session/monitor.rs`, *A window of creates*); taken before a lock-delay's
-            // read, which is sent as it is made. No lock is waited for while it is held.
+            // read, which is sent as it is made. No lock or holder is waited for while it is held
+            // (a create may wait up to its patience for another session's listing, sent already).
             let slot = self.context.session.create_slot().await;
             // With a lock-delay, the directory's marks, read in the round trip of our first create
             // (`delay.rs`).

@@ -731,20 +731,23 @@ impl OnSession<'_> {
             let levels = missing.take();
             // With the levels of the lock path, our node is created with its directory.
             let with_levels = levels.is_some();
-            pending.sending();
             let create: CreateFuture<'_> = self
                 .context
-                .through_gate(|| match levels {
-                    None => {
-                        let create = client.create(prefix, &self.lock.node_data, &options);
-                        Ok(Box::pin(async move {
-                            create
-                                .await
-                                .map(|(stat, sequence)| (stat, format!("{prefix}{sequence}"), sequence.into_i64()))
-                                .map_err(CreateError::Node)
-                        }) as CreateFuture<'_>)
-                    },
-                    Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options),
+                .through_gate(|| {
+                    // Before the request is made (a create refused by the gate sent nothing).
+                    pending.sending();
+                    match levels {
+                        None => {
+                            let create = client.create(prefix, &self.lock.node_data, &options);
+                            Ok(Box::pin(async move {
+                                create
+                                    .await
+                                    .map(|(stat, sequence)| (stat, format!("{prefix}{sequence}"), sequence.into_i64()))
+                                    .map_err(CreateError::Node)
+                            }) as CreateFuture<'_>)
+                        },
+                        Some(levels) => self.create_with_levels(&levels, prefix, lock_name, &options),
+                    }
                 })
                 .map_err(|_| {
                     // Nothing was sent by this create (an earlier one of the attempt is looked

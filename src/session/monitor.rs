@@ -654,9 +654,9 @@ impl Session {
         Ok(AcquireTicket { shared: self.shared.clone() })
     }
 
-    /// A place in the session's window of creates ([`CREATE_WINDOW`]), held by an acquire from
-    /// before its create is sent until the replies it waits for came in; waits (in order) while
-    /// the window is full. Cancel safe: a place is given back when dropped.
+    /// A place in the session's window of creates ([`CREATE_WINDOW`]), held by an acquire attempt
+    /// from before its create is sent until the create (with its retries) is answered; waits (in
+    /// order) while the window is full. Cancel safe: a place is given back when dropped.
     pub(crate) async fn create_slot(&self) -> Option<SemaphorePermit<'_>> {
         match self.shared.create_window.try_acquire() {
             Ok(slot) => Some(slot),
