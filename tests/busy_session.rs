@@ -167,13 +167,10 @@ async fn a_heartbeat_behind_a_queue_of_answered_requests_is_not_a_stall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_acquires_waits_in_the_sessions_window_not_ahead_of_its_heartbeats() {
     use zk_recipes::InterProcessMutex;
-    use zk_testcontainers::{op, FaultProxy};
+    use zk_testcontainers::op;
     init_tracing();
-    let zk = zookeeper().await;
     let t = Duration::from_secs(30);
-    let proxy = FaultProxy::start(zk.connect_string()).await.unwrap();
-    let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
-    assert_eq!(session.session_timeout(), t, "the timings below are for T = {t:?}");
+    let (proxy, session) = proxied_session(t).await;
     let observer = client().await;
     // The lock paths exist (persistent), so each acquire is one create and one listing.
     let n = 4_000;

@@ -11,16 +11,13 @@ use std::time::Duration;
 
 use common::*;
 use zk_recipes::InterProcessMutex;
-use zk_testcontainers::{op, FaultProxy};
+use zk_testcontainers::op;
 use zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_cancelled_while_it_waits_for_a_place_in_the_window_sends_nothing() {
     init_tracing();
-    let zk = zookeeper().await;
-    let t = Duration::from_secs(30);
-    let proxy = FaultProxy::start(zk.connect_string()).await.unwrap();
-    let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
+    let (proxy, session) = proxied_session(Duration::from_secs(30)).await;
     let observer = client().await;
     let parent = unique_path("window-cancel");
     let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());

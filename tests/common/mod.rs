@@ -278,6 +278,16 @@ pub async fn client_moved_to_a_server_with_a_lower_limit(t: Duration) -> MovedTo
     MovedToB { ensemble, leader, b, client, a_door }
 }
 
+/// A session with timeout `t` connected through a new proxy to the shared server, for tests that
+/// inject faults between them (asserts the server granted `t`).
+pub async fn proxied_session(t: Duration) -> (zk_testcontainers::FaultProxy, zk::Client) {
+    let zk = zookeeper().await;
+    let proxy = zk_testcontainers::FaultProxy::start(zk.connect_string()).await.unwrap();
+    let session = zk.connector().with_session_timeout(t).connect(&proxy.addr()).await.unwrap();
+    assert_eq!(session.session_timeout(), t, "the timings of the test are for T = {t:?}");
+    (proxy, session)
+}
+
 /// `Total watches` from the server's `wchs`.
 pub async fn total_watches() -> usize {
     let wchs = zookeeper().await.four_letter_word("wchs").await.expect("wchs");
