@@ -2,7 +2,7 @@
 //! names are the review's (several name the defect each reproduced); each test's doc says what it
 //! asserts.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -19,7 +19,7 @@
 //!    a downgrade (`writeLock().acquire(); readLock().acquire()`) waits for ever on our own write
 //!    node when not written as `with_lock` (low: a scoping/documentation gap).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Review E: cancelling acquires of a semaphore whose pool has room (the grant window: creates,
 //! pipelined listing, vouching, internal lock release) leaves no node.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! only, 0.1–5 s: some long enough to expire the session) or drop a create's reply; plain clients
 //! and `ManagedClient`s. `REVIEW_E_SECS` (30 s each by default) sets how long the chaos runs.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

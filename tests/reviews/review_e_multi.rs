@@ -3,7 +3,7 @@
 //! behind its own first node (Curator's mutex re-enters per thread; ours only in a lock scope).
 //! It is now refused up front with `Error::InvalidArgument`, and nothing is left behind.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

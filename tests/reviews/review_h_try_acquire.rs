@@ -13,7 +13,7 @@
 //! remembers when it first saw the count a grant needs. `tests/lock_delay.rs` checks that neither
 //! lets a grant come before the delay after the loss.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! multi gets the txn's zxid and time). Under two chroots, `/ta/lock` and `/tb/lock` both look
 //! like `("/lock", czxid, ctime)`: a sighting made in one is used for the other.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! write guard reads `Lost(LeaseExpired)` while the read guard reads `Held`, and a fenced write
 //! through the read guard — checking the write node, not yet deleted — is applied.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! released by its guards before the timer runs, `Hold::state` reads the write's *feed* (released:
 //! never told of the lease) and the read is `Held` again.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! close. It is marked clean (`Holds::release_guard` → `Hold::end(None)`), so the next participant
 //! is elected at once instead of the delay later.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

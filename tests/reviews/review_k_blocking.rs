@@ -2,7 +2,7 @@
 //! thread right after waking that task (reading a fresh hold's state) must not delay what
 //! *other* holds on the session are told (with a task per hold, it did not).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

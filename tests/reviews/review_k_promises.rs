@@ -3,7 +3,7 @@
 //!   still driven (no lost wake-up, no watch stranded with the driver marked running).
 //! - A released hold is never told a loss; a deletion tells only its own hold.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! driven by one task, spawned on the runtime of whichever call started it. Before, each hold's
 //! watch ran on the runtime of the call that started it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! bursts, two chroots of one directory in one burst, and read/write writers queued behind a
 //! downgraded read made by hand (Curator >= 5.5's shape) after the burst listed.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,7 @@
 //! OLD directory instance — as "showing our node", and the waiter decides from a listing that
 //! never saw the new directory's nodes ahead of it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! for a one-shot acquire waiting on a latent latch (it fails, its node deleted) and for a
 //! `close` retried after a cancelled one (it waits for the same work).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! a dropped one waits for the same work (`a_close_retried_outside_tokio_*`); (d) nothing
 //! deadlocks (`close_hangs_on_*`).
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::pin::pin;

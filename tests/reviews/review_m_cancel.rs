@@ -6,7 +6,7 @@
 //! Cancellation points are spread by timeouts of growing length, with the proxy slowing or losing
 //! chosen requests so that they land before, during and after the `multi` and its listing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

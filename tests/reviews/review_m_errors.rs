@@ -4,7 +4,7 @@
 //! creating in the new directory. Each must fail with its clear error, at once (no retry loop),
 //! leaving no node and no level behind.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

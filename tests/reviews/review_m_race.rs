@@ -8,7 +8,7 @@
 //! in grant order and each is its node's real czxid; the first holder's token is the directory's
 //! czxid (its node was created with the directory); no node left while the sessions are open.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 //! Every check compares the token with the czxid a raw client reads from the node itself: a token
 //! taken from another directory instance, another node or a stale listing would differ.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

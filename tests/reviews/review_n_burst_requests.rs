@@ -3,7 +3,7 @@
 //! 5 requests per lock") but checks only as an upper bound (`requests_per_hold > 5` fails; a hold
 //! that never set its watch, 4, would pass). Here at a small scale, exactly.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! A close that made its own channel instead of sharing the first one's would wait forever (it
 //! finds the latch already closed, and nobody publishes to its channel): the timeouts catch it.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 //! a `notify_one` in place of `notify_waiters`, or a registration after the state is read, fails
 //! these.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! leads (`serve`'s re-queue, boxed) — each time on the new session, and `close` then leaves
 //! nothing while the session is open.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! - the subscriber's story is `Elected, NotLeader(NodeDeleted)`, then at most one more
 //!   `Elected, NotLeader(LatchClosed)`, then the end: never an `Elected` after `LatchClosed`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

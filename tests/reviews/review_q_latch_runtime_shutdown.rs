@@ -13,7 +13,7 @@
 //!   deletion is now counted until some runner ends it, and one dropped unfinished starts again
 //!   on the session's remembered runtime and in `close` (`session/cleanup.rs`, `Deletion`).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -22,7 +22,7 @@
 //!   nothing is sent, the node stays while the session lives (another session never gets the lock),
 //!   and the count keeps `close` waiting.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

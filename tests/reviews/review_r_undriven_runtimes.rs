@@ -28,7 +28,7 @@
 //!
 //! Both hangs are a wait on `Notify` (no CPU spin: checked).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -22,7 +22,7 @@
 //! and it passes. The third PASSES and prints 10 deletes for 5 releases: every delete in flight
 //! past 1 s is sent twice (the cost the `Deletion` docs state).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

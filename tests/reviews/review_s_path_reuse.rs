@@ -18,7 +18,7 @@
 //!   attempt queues again — now with a fresh GUID, so at another path, while the old path stays
 //!   free. Failed (the old path was made again, new czxid) before the fix.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

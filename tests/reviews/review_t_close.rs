@@ -14,7 +14,7 @@
 //!   it is polled: one more delete per deletion (the test allows half again). Failed (2,500
 //!   deletes for 500) with the close not keeping it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! thousands queued (a burst of `acquire_timeout`s, or a `close()`), as many listings at once,
 //! ahead of the heartbeats the window keeps clear.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
