@@ -5,7 +5,7 @@
 //! delete (failed multis, refused creates), whoever deleted (an operator, a session's close, the
 //! container and TTL reapers), and the same count after a server restart.
 
-use crate::common;
+mod common;
 
 use std::time::{Duration, Instant};
 

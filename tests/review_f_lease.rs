@@ -1,5 +1,5 @@
 //! Review F: attacks on hold leases (c6879a5): a huge lease panicked (now capped), a hung holder task kept its lease timer from running (now spawned where any worker takes it), `extend` revived a hold that read `Lost(LeaseExpired)` (now final), and a fenced write already sent lands after the loss (documented). A holder whose whole runtime is blocked (its client on another runtime) is the README's limit.
-use crate::common;
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
