@@ -219,7 +219,7 @@ struct Stepping {
 }
 
 /// Records every leadership of one started latch from its events, as
-/// `tests/leader.rs::started_latches_record_every_leadership_across_expiries` does: each
+/// `tests/recipes/leader.rs::started_latches_record_every_leadership_across_expiries` does: each
 /// `Elected` is a hold from when it is read, ended when its loss signal resolves (the loss
 /// signal rather than the `NotLeader` event that follows it: it is told first) or when the
 /// worker steps down. Returns the number of leaderships once the latch's events end.

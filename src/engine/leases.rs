@@ -51,7 +51,7 @@
 //!   gives its lease nodes up and queues again (`Error::LockLost` to the recipe, which starts
 //!   over). Of any set of holders waiting in the pool, all but the rightful one — whose node
 //!   exists — leave it; the rightful one is served as the pool drains, as in Curator.
-//!   (`tests/semaphore_interop.rs` has a falsely granted waiter of ours beside a Curator
+//!   (`tests/interop/semaphore_interop.rs` has a falsely granted waiter of ours beside a Curator
 //!   acquirer; it stalls without this.)
 //!
 //! # Waiting

@@ -26,7 +26,7 @@
 //!   numerically (ours) and as strings (Curator's and kazoo's sorts, where `-` sorts before any
 //!   digit).
 //!
-//! `tests/sequence_wrap.rs` pins both on a real server started from a crafted snapshot. So:
+//! `tests/recipes/sequence_wrap.rs` pins both on a real server started from a crafted snapshot. So:
 //! - **A node of ours whose sequence is not in `0..2147483647` is never granted**
 //!   ([`in_counter_range`]): the attempt deletes it and fails with
 //!   [`Error::SequenceWrapped`](crate::Error::SequenceWrapped) before any decision. The last

@@ -76,7 +76,7 @@
 //! fired, later still. **The holder is told before the
 //! leader can expire the session, so before anyone else can be granted the lock** — also when its
 //! server is a follower cut off from the leader that keeps answering it (the zone partition of
-//! `tests/ensemble.rs`), where the connection looks healthy throughout. Heartbeat rounds are sent
+//! `tests/ensembles/ensemble.rs`), where the connection looks healthy throughout. Heartbeat rounds are sent
 //! `G` after the previous answer, so `r_{k−1} ≤ s_k − G` and in steady state `E = s_{k−1}`: the
 //! deadline sits about `0.58 T` after the latest send, and a heartbeat must be late by about
 //! `0.36 T` before a healthy session is declared lost, however busy (*Busy sessions*). The monitor keeps heartbeating for T after

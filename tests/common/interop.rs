@@ -135,7 +135,7 @@ pub fn snapshot_writer_available() -> bool {
 /// `dir` `<prefix><cversion>` (`%010d` of a Java `int`). Nothing else is on the server but
 /// `/zookeeper`. Dropping the value removes the server.
 ///
-/// Near the wrap, ZooKeeper 3.8 does not simply count on (`tests/sequence_wrap.rs` pins it):
+/// Near the wrap, ZooKeeper 3.8 does not simply count on (`tests/recipes/sequence_wrap.rs` pins it):
 /// from `i32::MAX - 1`, creates made one at a time get `…2147483646`, `…2147483647`, then
 /// `…2147483647` again and again (the stored counter is only ever raised, so it stays at the
 /// maximum); `…-2147483648` only for a create prepared while the `…2147483647` one is still in

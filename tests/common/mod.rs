@@ -21,6 +21,16 @@ pub async fn client() -> zk::Client {
     zookeeper().await.client().await.expect("connect to ZooKeeper")
 }
 
+/// A local port that refuses connections for as long as the returned socket lives: bound but never
+/// listening, so nothing else (a proxy, another test's port-0 bind) can take it meanwhile, as it
+/// could a port bound and released (review AA).
+pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind 127.0.0.1:0");
+    let port = socket.local_addr().expect("its address").port();
+    (socket, port)
+}
+
 /// A lock path nobody used before.
 pub fn unique_path(name: &str) -> String {
     format!("/zkr-tests/{name}-{}", uuid::Uuid::new_v4().simple())

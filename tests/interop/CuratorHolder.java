@@ -1,5 +1,5 @@
-// Apache Curator's InterProcessMutex on a lock path, for tests/curator_interop.rs and
-// tests/mixed_interop.rs.
+// Apache Curator's InterProcessMutex on a lock path, for tests/interop/curator_interop.rs and
+// tests/interop/mixed_interop.rs.
 // usage: java -cp <curator jars> CuratorHolder.java CONNECT PATH WAIT_MS HOLD_MS
 // Prints CONNECTED, then ACQUIRED or TIMEOUT, then RELEASING and RELEASED, one line each.
 //

@@ -1,4 +1,4 @@
-// Apache Curator's LeaderLatch or LeaderSelector on an election path, for tests/leader_interop.rs.
+// Apache Curator's LeaderLatch or LeaderSelector on an election path, for tests/interop/leader_interop.rs.
 // usage: java -cp <curator jars> CuratorLeader.java CONNECT PATH ID latch|selector MARKERS
 // Prints CONNECTED once it has joined the election, then LEADER when it leads, and RELEASED once it
 // stepped down (it steps down when its standard input is closed, and leaves the election).

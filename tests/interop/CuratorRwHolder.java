@@ -1,4 +1,4 @@
-// Apache Curator's InterProcessReadWriteLock on a lock path, for tests/rw_interop.rs.
+// Apache Curator's InterProcessReadWriteLock on a lock path, for tests/interop/rw_interop.rs.
 // usage: java -cp <curator jars> CuratorRwHolder.java CONNECT PATH MODE WAIT_MS HOLD_MS [MARKER_DIR]
 //
 // MODE read or write: prints CONNECTED, then ACQUIRED or TIMEOUT, then RELEASING and RELEASED.

@@ -1,4 +1,4 @@
-// Apache Curator's lock family on a path, for tests/semaphore_interop.rs.
+// Apache Curator's lock family on a path, for tests/interop/semaphore_interop.rs.
 // usage: java -cp <curator jars> CuratorSemaphoreHolder.java CONNECT PATH MODE MAX WAIT_MS HOLD_MS ROUNDS LOG
 //
 // MODE semaphore: InterProcessSemaphoreV2(PATH, MAX), one lease per round.

@@ -1,7 +1,7 @@
 // Writes a ZooKeeper data directory whose only user node, a persistent PATH without children,
 // has the child counter CVERSION: ZooKeeper names the next sequential child of PATH
 // <prefix><CVERSION> (`%010d` of the parent's stored cversion, a Java int). For
-// tests/sequence_wrap.rs (the fixture: sequence_wrap_server in tests/common/interop.rs).
+// tests/recipes/sequence_wrap.rs (the fixture: sequence_wrap_server in tests/common/interop.rs).
 // usage: java -cp <zookeeper.jar:slf4j-nop.jar> WrapSnapshot.java DATA_DIR PATH CVERSION
 // Writes DATA_DIR/version-2/snapshot.<zxid> (nothing else) and prints its path.
 //

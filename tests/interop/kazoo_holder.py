@@ -1,4 +1,4 @@
-# kazoo's Lock (kazoo 2.8, Debian's python3-kazoo) on a lock path, for tests/mixed_interop.rs.
+# kazoo's Lock (kazoo 2.8, Debian's python3-kazoo) on a lock path, for tests/interop/mixed_interop.rs.
 # usage: /usr/bin/python3 kazoo_holder.py CONNECT PATH WAIT_MS HOLD_MS [--no-extra-patterns]
 # Prints CONNECTED, then ACQUIRED or TIMEOUT, then RELEASING and RELEASED, one line each (the
 # protocol of CuratorHolder.java).

@@ -1,4 +1,4 @@
-# kazoo's Semaphore on a path, for tests/semaphore_interop.rs (why it cannot share a path with
+# kazoo's Semaphore on a path, for tests/interop/semaphore_interop.rs (why it cannot share a path with
 # Curator's and our InterProcessSemaphoreV2).
 # usage: python3 kazoo_semaphore.py CONNECT PATH MAX_LEASES TIMEOUT_S
 # Prints ACQUIRED or TIMEOUT, then CHILDREN <the children of PATH, comma-separated>, then releases.

@@ -10,7 +10,7 @@
 //! `try_acquire` alone (or of `acquire_timeout(t)` with `t < delay`) never gets the lock again.
 //!
 //! Fixed (`delay.rs`, *Give-ups and waits cut short*): a give-up keeps the count, and the process
-//! remembers when it first saw the count a grant needs. `tests/lock_delay.rs` checks that neither
+//! remembers when it first saw the count a grant needs. `tests/recipes/lock_delay.rs` checks that neither
 //! lets a grant come before the delay after the loss.
 
 use crate::common;

@@ -30,7 +30,7 @@ fn count(proxy: &FaultProxy, ops: &[i32]) -> u64 {
 
 const LISTINGS: &[i32] = &[op::GET_CHILDREN, op::GET_CHILDREN2];
 
-/// A directory anyone may list (its own top-level path: `tests/acl.rs` notes why), and ACLs
+/// A directory anyone may list (its own top-level path: `tests/recipes/acl.rs` notes why), and ACLs
 /// for lock nodes that leave out READ.
 async fn readable_dir_unreadable_nodes(observer: &zk::Client, name: &str) -> (String, Vec<zk::Acl>) {
     let path = unique_path(name).replace("/zkr-tests/", "/zkr-tests-");

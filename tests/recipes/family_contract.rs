@@ -2,7 +2,7 @@
 //! program relies on. It is compiled, with `client` a `ManagedClient` (the contract allows a plain
 //! client too: [`contract_on_a_plain_client`]); it is not run — it awaits `lease.lost()`, which
 //! resolves only when the lease is lost. The behaviour behind each line is tested in
-//! `tests/semaphore.rs` and `tests/lock_family.rs`.
+//! `tests/recipes/semaphore.rs` and `tests/recipes/lock_family.rs`.
 #![allow(dead_code, unused_variables, clippy::no_effect_underscore_binding)]
 
 use std::time::Duration;

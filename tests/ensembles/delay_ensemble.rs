@@ -5,7 +5,8 @@
 //! leader — and the holder was told before. A clean release on the same path first (so the grant
 //! cannot wait on a missing mark alone), and both loss policies.
 
-mod common;
+use crate::common;
+use crate::SERIAL;
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ const SLACK: Duration = Duration::from_millis(1000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_from_the_leader_delays_the_next_grant_after_its_session_expires() {
+    let _serial = SERIAL.lock().await;
     init_tracing();
     let t = Duration::from_secs(4);
     let ensemble = ensemble(Ensemble::builder().tick_time(Duration::from_millis(500)).sync_limit(10)).await;

@@ -6,7 +6,7 @@
 //! pass both ways, in queue order, and each side must see the other's participant id as the
 //! leader's.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -20,7 +20,7 @@
 //! `multi` (deterministic), or a create of any session that the server prepares before applying
 //! that one (timing).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -45,7 +45,7 @@
 //! Curator, `java` and Debian's Curator jars: without them a test says so and passes, unless
 //! `REQUIRE_KAZOO=1` / `REQUIRE_CURATOR=1` (CI), when it fails.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -179,7 +179,7 @@ async fn kazoo_without_extra_patterns_ignores_a_curator_format_holder() {
     kazoo.expect("RELEASING").await;
     kazoo.expect("RELEASED").await;
     kazoo.finish().await;
-    // The other way round is safe: we queue behind a kazoo node (tests/mutex.rs).
+    // The other way round is safe: we queue behind a kazoo node (tests/recipes/mutex.rs).
     held.release().await.unwrap();
     assert_no_nodes_left(&client().await, &path).await;
 }

@@ -1,7 +1,7 @@
 //! `ManagedClient::close`: holds and queued nodes go at once, so another client is granted
 //! without waiting for the session timeout; acquires fail with `Error::Closed`.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -15,7 +15,7 @@
 //! Needs `java` and Debian's Curator jars: without them the tests say so and pass, unless
 //! `REQUIRE_CURATOR=1` (CI), when they fail.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! The tests of this file run one at a time (each starts its own ensemble of three JVMs on a
 //! 2-core machine).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use zk_testcontainers::Ensemble;
 use zookeeper_client as zk;
 
 /// One ensemble test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 const TICK: Duration = Duration::from_millis(500);
 

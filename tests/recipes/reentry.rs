@@ -2,7 +2,7 @@
 //! one, every acquire queues — a guard moved to another task, several acquires polled by one task
 //! (`join!`, `select!`), a task spawned inside a critical section.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

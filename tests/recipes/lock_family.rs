@@ -1,7 +1,7 @@
 //! InterProcessMultiLock and revocation against a real ZooKeeper (the intent of Curator's
 //! TestInterProcessMultiMutex and TestRevoker).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

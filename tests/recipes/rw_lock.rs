@@ -6,7 +6,7 @@
 //! every grant (`common/inside.rs`), so a grant that comes after a test's fixed window still fails
 //! it; the fixed windows stay as extra checks.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

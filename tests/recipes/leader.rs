@@ -4,7 +4,7 @@
 //! a lost leadership told — and a selector's leader future dropped — before the next leader is
 //! elected, and nothing left behind.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

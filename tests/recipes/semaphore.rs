@@ -3,7 +3,7 @@
 //! all-or-nothing acquires, timeouts, cancellation, Curator's layout, foreign children, lost
 //! leases, and the semaphore mutex's lack of re-entry.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -192,9 +192,12 @@ async fn every_child_of_leases_counts() {
     let path = unique_path("sem-foreign");
     let client = client().await;
     let semaphore = InterProcessSemaphoreV2::new(client.clone(), &path, 1).unwrap();
-    drop(semaphore.acquire().await.unwrap()); // creates the directories
+    // The first lease creates the directories; the foreign node goes in while it is held, so the
+    // server cannot reap the emptied `leases` container first (review AA).
+    let first = semaphore.acquire().await.unwrap();
     let foreign = format!("{path}/leases/not-a-lease");
     client.create(&foreign, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    first.release().await.unwrap();
     assert!(semaphore.acquire_timeout(Duration::from_millis(300)).await.unwrap().is_none());
     let waiter = tokio::spawn({
         let semaphore = semaphore.clone();

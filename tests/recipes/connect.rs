@@ -9,8 +9,8 @@ use zk_recipes::{Error, ManagedClient};
 /// carries the I/O error as its source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_is_named_as_such() {
-    // A port nobody listens on (bound, then released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A port nobody listens on, held for the whole test.
+    let (_held, port) = crate::common::refusing_port();
     let hosts = format!("127.0.0.1:{port}/app");
     let err = ManagedClient::builder(&hosts).connect_timeout(Duration::from_secs(1)).connect().await.unwrap_err();
     let message = err.to_string();

@@ -7,7 +7,7 @@
 //!
 //! One test at a time (each starts its own ensemble of three JVMs on a 2-core machine).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use std::time::Instant;
 use zk_recipes::{LeaderSelector, LossPolicy, LossSignal, ManagedClient};
 use zk_testcontainers::Ensemble;
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 const TICK: Duration = Duration::from_millis(500);
 const T: Duration = Duration::from_secs(4);

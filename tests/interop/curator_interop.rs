@@ -7,7 +7,7 @@
 //! (CI sets it and installs them), in which case it fails. The Curator process and its line
 //! protocol: `tests/common/interop.rs`, `tests/interop/CuratorHolder.java`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

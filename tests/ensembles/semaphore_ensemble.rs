@@ -9,7 +9,7 @@
 //! The tests of this file run one at a time (each starts its own ensemble of three JVMs on a
 //! 2-core machine).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,7 @@ use zk_recipes::{Error, InterProcessSemaphoreV2, Lease, LockState, LossPolicy};
 use zk_testcontainers::Ensemble;
 use zookeeper_client as zk;
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 /// Every lease as its holder saw it: who, granted, and when its holder stopped believing in it.
 #[derive(Default)]

@@ -1,7 +1,7 @@
 //! InterProcessMutex against a real ZooKeeper: exclusion, fairness, re-entrancy, timeouts,
 //! cancellation, cleanup, foreign children, participants and invalid input.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -306,7 +306,7 @@ async fn foreign_children_never_block_or_grant() {
 
 /// kazoo's `Lock` names its nodes `<hex uuid>__lock__<seq>` in the same directory, with the same
 /// sequence counter: a mutex queues behind one (and kazoo, built with
-/// `extra_lock_patterns=["-lock-"]`, behind ours: `tests/mixed_interop.rs`).
+/// `extra_lock_patterns=["-lock-"]`, behind ours: `tests/interop/mixed_interop.rs`).
 #[tokio::test]
 async fn kazoo_lock_nodes_are_queued_behind() {
     let path = unique_path("kazoo-named");

@@ -4,7 +4,8 @@
 //! are refused from then on; the library's delete cannot be committed through the cut-off server,
 //! so the waiter is granted once the leader expired the holder's session.
 
-mod common;
+use crate::common;
+use crate::SERIAL;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_holder_cut_off_from_the_leader_is_told_first_and_cannot_write() {
+    let _serial = SERIAL.lock().await;
     init_tracing();
     let t = Duration::from_secs(4);
     let lease = Duration::from_millis(1200);

@@ -1,7 +1,7 @@
 //! `ManagedClient`: recipes outlive session expiry, a server restart, and keep no node of an old
 //! session — against a real ZooKeeper.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -178,8 +178,8 @@ async fn server_down_longer_than_t_then_a_new_session() {
 /// authentication fails it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_connect_gives_up_naming_the_hosts() {
-    // A port nobody listens on (bound, then released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A port nobody listens on, held for the whole test.
+    let (_held, port) = common::refusing_port();
     let hosts = format!("127.0.0.1:{port}");
     let started = Instant::now();
     let err = ManagedClient::builder(&hosts).connect_timeout(Duration::from_secs(2)).connect().await.unwrap_err();

@@ -2,7 +2,7 @@
 //! blocked by anyone else — against a real ZooKeeper. (Auth data in `Debug` and logs:
 //! `tests/secrets.rs`.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -11,6 +11,13 @@ use zk_recipes::{Error, InterProcessMutex, LockState, ManagedClient};
 use zookeeper_client as zk;
 
 const AUTH: &[u8] = b"orders:s3cret-for-acl-test";
+
+/// A lock path at the top level, of its own: a recipe creates missing parents with its ACLs, and a
+/// shared `/zkr-tests` created first by one of these tests would keep everyone else out of it
+/// (this binary's other modules share the server).
+fn top_level_path(name: &str) -> String {
+    unique_path(name).replace("/zkr-tests/", "/zkr-tests-")
+}
 
 async fn protected_client() -> ManagedClient {
     ManagedClient::builder(zookeeper().await.connect_string())
@@ -30,7 +37,7 @@ async fn intruders() -> Vec<(&'static str, zk::Client)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protected_lock_directory_keeps_others_out() {
     let zk = protected_client().await;
-    let path = unique_path("acl");
+    let path = top_level_path("acl");
     let mutex = InterProcessMutex::new(&zk, &path).unwrap();
     let guard = mutex.acquire().await.unwrap();
     let node = guard.lock_path().to_owned();
@@ -80,7 +87,7 @@ async fn a_protected_lock_directory_keeps_others_out() {
 async fn builder_acls_on_a_plain_client() {
     let connect = zookeeper().await.connect_string();
     let plain = zk::Client::connector().with_auth("digest", AUTH).connect(connect).await.unwrap();
-    let path = unique_path("acl-builder");
+    let path = top_level_path("acl-builder");
     let mutex =
         InterProcessMutex::builder(plain.clone(), &path).acls(zk::Acls::creator_all().to_vec()).build().unwrap();
     let guard = mutex.acquire().await.unwrap();
@@ -92,7 +99,7 @@ async fn builder_acls_on_a_plain_client() {
 
     // Without auth, `auth` ACLs are refused by the server: a clear error, no node left.
     let unauthenticated = client().await;
-    let refused = InterProcessMutex::builder(unauthenticated, unique_path("acl-invalid"))
+    let refused = InterProcessMutex::builder(unauthenticated, top_level_path("acl-invalid"))
         .acls(zk::Acls::creator_all().to_vec())
         .build()
         .unwrap();
@@ -106,9 +113,8 @@ async fn builder_acls_on_a_plain_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_node_not_readable_is_watched_through_its_directory() {
     let observer = client().await;
-    // Its own top-level directory (others of this file make `/zkr-tests` writable by an
-    // authenticated client only): readable, so that listings work, while the lock nodes are not.
-    let path = unique_path("acl-unreadable-own").replace("/zkr-tests/", "/zkr-tests-");
+    // Its own top-level directory, readable, so that listings work, while the lock nodes are not.
+    let path = top_level_path("acl-unreadable-own");
     let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     observer.create(&path, &[], &persistent).await.unwrap();
     let no_read = vec![zk::Acl::new(

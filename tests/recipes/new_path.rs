@@ -4,7 +4,7 @@
 //! `src/engine/mod.rs`). What it sends is counted at a proxy; acquirers racing to create one new
 //! directory still exclude each other.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

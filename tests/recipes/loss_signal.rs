@@ -1,7 +1,7 @@
 //! The owned loss signal (`LockGuard::loss_signal`), `?` on fenced writes, and `acls` taking
 //! `zookeeper_client`'s own `Acls` — against a real ZooKeeper.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
