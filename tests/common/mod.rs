@@ -31,6 +31,25 @@ pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
     (socket, port)
 }
 
+/// Requests sent between two snapshots of the proxy's counters, by op code (pings and the session
+/// monitor's `sync` heartbeats left out).
+pub fn sent_between(
+    before: &std::collections::BTreeMap<i32, u64>,
+    after: &std::collections::BTreeMap<i32, u64>,
+) -> Vec<(i32, u64)> {
+    after
+        .iter()
+        .filter(|(&code, _)| code != zk_testcontainers::op::PING && code != zk_testcontainers::op::SYNC)
+        .map(|(&code, &count)| (code, count - before.get(&code).copied().unwrap_or(0)))
+        .filter(|(_, delta)| *delta > 0)
+        .collect()
+}
+
+/// How many requests of `code` a [`sent_between`] list holds.
+pub fn count(sent: &[(i32, u64)], code: i32) -> u64 {
+    sent.iter().find(|(c, _)| *c == code).map_or(0, |(_, n)| *n)
+}
+
 /// A lock path nobody used before.
 pub fn unique_path(name: &str) -> String {
     format!("/zkr-tests/{name}-{}", uuid::Uuid::new_v4().simple())

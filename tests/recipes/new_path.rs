@@ -15,24 +15,6 @@ use zk_recipes::InterProcessMutex;
 use zk_testcontainers::{op, FaultProxy};
 use zookeeper_client as zk;
 
-/// Requests sent between two snapshots of the proxy's counters, by op code (pings and the session
-/// monitor's `sync` heartbeats left out).
-fn sent_between(
-    before: &std::collections::BTreeMap<i32, u64>,
-    after: &std::collections::BTreeMap<i32, u64>,
-) -> Vec<(i32, u64)> {
-    after
-        .iter()
-        .filter(|(&code, _)| code != op::PING && code != op::SYNC)
-        .map(|(&code, &count)| (code, count - before.get(&code).copied().unwrap_or(0)))
-        .filter(|(_, delta)| *delta > 0)
-        .collect()
-}
-
-fn count(sent: &[(i32, u64)], code: i32) -> u64 {
-    sent.iter().find(|(c, _)| *c == code).map_or(0, |(_, n)| *n)
-}
-
 /// A persistent parent nobody used before: the lock paths of a test go below it.
 async fn parent(raw: &zk::Client, name: &str) -> String {
     let parent = unique_path(name);
