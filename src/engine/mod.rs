@@ -14,6 +14,9 @@
 //!      First the directory alone (its parent usually exists); only if that fails, every level is
 //!      checked. The listing pipelined behind the `multi` brings our node's czxid, which the
 //!      `multi`'s reply lacks (`created_with_directory`).
+//!    - A session whose creates keep finding their directories missing sends that `multi` first,
+//!      and the plain create only if it is refused ([`directory_guess`]): a new lock path then
+//!      costs the `multi` and its listing, not a create answered `NoNode` before them.
 //!    - The create's outcome is unknown (connection lost or stalled before the reply): look for
 //!      our GUID among the children (owned by our session) before creating again, so one attempt
 //!      never leaves two nodes.
@@ -34,6 +37,7 @@
 //!    `NoNode` read, once.
 
 mod delay;
+mod directory_guess;
 pub(crate) mod driver;
 pub(crate) mod leases;
 pub(crate) mod listing;
@@ -691,8 +695,10 @@ impl OnSession<'_> {
         let mut backoff = Backoff::new();
         let mut outcome_was_unknown = false;
         let mut unknown_in_a_row = 0;
-        // Levels of the lock path found missing: created with our node by the next create.
-        let mut missing: Option<Vec<String>> = None;
+        // Levels of the lock path found missing, or the directory guessed missing by this
+        // session's recent creates (`directory_guess`): created with our node by the next create.
+        let mut guessed = directory_guess::missing(&self.context.directory_guess);
+        let mut missing: Option<Vec<String>> = guessed.then(|| vec![self.lock.dir.clone()]);
         // Counted as setting up among the process's acquires of this directory, which may share a
         // listing (`listing::Setup`); not with a lock-delay, whose grant reads our own session's.
         let mut setup =
@@ -731,6 +737,8 @@ impl OnSession<'_> {
             let levels = missing.take();
             // With the levels of the lock path, our node is created with its directory.
             let with_levels = levels.is_some();
+            // Those levels only guessed: whatever refuses them, the plain create comes next.
+            let guess = std::mem::take(&mut guessed);
             let create: CreateFuture<'_> = self
                 .context
                 .through_gate(|| {
@@ -769,6 +777,10 @@ impl OnSession<'_> {
                     self.context.session.answered(sent, true);
                     let round_trip = self.context.session.now().saturating_duration_since(sent);
                     pending.created(path.clone());
+                    // A known-missing directory was counted when its create found it missing.
+                    if guess || !with_levels {
+                        directory_guess::found(&self.context.directory_guess, with_levels);
+                    }
                     if let (true, Some(listing)) = (with_levels, &mut listing) {
                         let listing = listing.await.and_then(Result::ok);
                         if let Some(listing) = &listing {
@@ -811,6 +823,14 @@ impl OnSession<'_> {
                     let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
                     return Ok((node, ListingToCome::Have(listing)));
                 },
+                Err(CreateError::Parents(err)) if guess => {
+                    // Nothing was applied: the plain create next, as if the guess had not been
+                    // sent (`directory_guess`, *Only what is sent first*); what it finds counts.
+                    drop(listing);
+                    if transient(&err) {
+                        Box::pin(backoff.wait()).await;
+                    }
+                },
                 Err(CreateError::Parents(err)) => {
                     // Nothing was applied (a `multi` is all or nothing): look again.
                     drop(listing);
@@ -829,6 +849,9 @@ impl OnSession<'_> {
                 Err(CreateError::ChrootMissing) => return Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
                 Err(CreateError::Node(zk::Error::NoNode)) => {
                     drop(listing);
+                    if !with_levels {
+                        directory_guess::found(&self.context.directory_guess, true);
+                    }
                     // Most often only the directory is missing (a lock path under a parent that
                     // exists): created with our node at once. Should a level above be missing
                     // too, that `multi` fails without effect and the levels are looked up.

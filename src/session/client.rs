@@ -20,7 +20,7 @@
 //!    session gets a monitor of its own, whose evidence starts cold (`session/monitor.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -57,6 +57,10 @@ pub(crate) struct SessionContext {
     pub(crate) cleanup: Arc<Cleanup>,
     /// A managed client's "closed" flag (`None` for a plain client, which cannot be closed).
     closed: Option<watch::Receiver<bool>>,
+    /// What this session's acquires found of their lock paths' directories lately: the engine's
+    /// guess whether the next one exists (`engine::directory_guess`). A hint that decides what an
+    /// acquire sends first, never what it is granted.
+    pub(crate) directory_guess: AtomicU8,
 }
 
 impl SessionContext {
@@ -72,7 +76,7 @@ impl SessionContext {
         let session = Session::of(client, owner);
         session.min_session_timeout(min_session_timeout);
         let cleanup = Arc::new(Cleanup::new(client.clone(), session.runtime_slot(), session.searches()));
-        Arc::new(SessionContext { session, cleanup, closed })
+        Arc::new(SessionContext { session, cleanup, closed, directory_guess: AtomicU8::new(0) })
     }
 
     /// Whether the managed client this session belongs to was closed.

@@ -26,31 +26,51 @@ async fn parent(raw: &zk::Client, name: &str) -> String {
 /// not sends its create (answered `NoNode`), the listing pipelined behind it (`NoNode` too), a
 /// `multi` creating the directory with its node and a listing pipelined behind that — 4 requests
 /// in 2 round trips, no check of the path's levels, no read of the node — and holds the lock with
-/// the node's czxid as its fencing token.
+/// the node's czxid as its fencing token. After two such acquires the session guesses new paths
+/// missing (`src/engine/directory_guess.rs`): the `multi` and its listing only, 2 requests in one
+/// round trip. Two existing directories then cost the refused `multi` first (4 requests), and the
+/// guess is back: a create and its listing. Every acquire holds its lock alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_of_a_new_lock_path_sends_a_create_a_multi_and_two_listings() {
+async fn a_new_lock_path_costs_a_create_a_multi_and_two_listings_until_the_session_learns_it() {
     let raw = client().await;
     let parent = parent(&raw, "new-path").await;
     let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
     let session = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
-    for i in 0..3 {
+    // (the directory exists, creates, multis, listings), in order on one session.
+    let steps = [
+        (false, 1, 1, 2),
+        (false, 1, 1, 2),
+        (false, 0, 1, 1),
+        (false, 0, 1, 1),
+        (true, 1, 1, 2),
+        (true, 1, 1, 2),
+        (true, 1, 0, 1),
+        (false, 1, 1, 2),
+    ];
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    // Kept: what a session learned lives as long as one of its recipes does.
+    let mut mutexes = Vec::new();
+    for (i, (exists, creates, multis, listings)) in steps.into_iter().enumerate() {
         let path = format!("{parent}/lock-{i}");
+        if exists {
+            raw.create(&path, &[], &persistent).await.unwrap();
+        }
         let mutex = InterProcessMutex::new(session.clone(), &path).unwrap();
         let before = proxy.requests();
         let guard = mutex.acquire().await.unwrap();
         let sent = sent_between(&before, &proxy.requests());
-        assert_eq!(count(&sent, op::CREATE2), 1, "one create: {sent:?}");
-        assert_eq!(count(&sent, op::MULTI), 1, "one multi with the directory: {sent:?}");
-        assert_eq!(count(&sent, op::GET_CHILDREN2), 2, "a listing behind each: {sent:?}");
-        assert_eq!(count(&sent, op::EXISTS), 0, "no check of the path's levels: {sent:?}");
-        assert_eq!(count(&sent, op::GET_DATA), 0, "the node's czxid is not read: {sent:?}");
+        assert_eq!(count(&sent, op::CREATE2), creates, "step {i}: creates: {sent:?}");
+        assert_eq!(count(&sent, op::MULTI), multis, "step {i}: multis: {sent:?}");
+        assert_eq!(count(&sent, op::GET_CHILDREN2), listings, "step {i}: a listing behind each: {sent:?}");
+        assert_eq!(count(&sent, op::EXISTS), 0, "step {i}: no check of the path's levels: {sent:?}");
+        assert_eq!(count(&sent, op::GET_DATA), 0, "step {i}: the node's czxid is not read: {sent:?}");
         let total: u64 = sent.iter().map(|(_, n)| n).sum();
-        assert_eq!(total, 4, "{total} requests (published: 4): {sent:?}");
+        assert_eq!(total, creates + multis + listings, "step {i}: {sent:?}");
         // It holds the lock: its node is the directory's only child, and a second session waits.
         let listed = children(&raw, &path).await;
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert!(listed[0].ends_with(&format!("{:010}", guard.sequence())), "{listed:?}");
-        // The fencing token is the node's czxid, from the `multi`'s reply.
+        // The fencing token is the node's czxid (from the listing behind a `multi`).
         let (_, stat) = raw.get_data(&format!("{path}/{}", listed[0])).await.unwrap();
         assert_eq!(guard.fencing_token().as_i64(), stat.czxid);
         let other = InterProcessMutex::new(client().await, &path).unwrap();
@@ -58,8 +78,9 @@ async fn an_acquire_of_a_new_lock_path_sends_a_create_a_multi_and_two_listings()
         guard.release().await.unwrap();
         let next = other.acquire_timeout(Duration::from_secs(10)).await.unwrap().expect("granted after the release");
         next.release().await.unwrap();
+        mutexes.push(mutex);
     }
-    for i in 0..3 {
+    for i in 0..steps.len() {
         assert_no_nodes_left_while_open(
             &raw,
             &format!("{parent}/lock-{i}"),
@@ -68,6 +89,37 @@ async fn an_acquire_of_a_new_lock_path_sends_a_create_a_multi_and_two_listings()
         )
         .await;
     }
+}
+
+/// A session that guesses new lock paths missing sends the `multi` with the directory first. For a
+/// directory that exists but whose parent it may not create in, the server answers `NoAuth`, not
+/// `NodeExists`: the plain create follows, and the lock is granted as to a session with the other
+/// guess (`directory_guess.rs`, *Only what is sent first*).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guessed_multi_refused_for_the_parents_acl_still_acquires() {
+    let raw = client().await;
+    let parent = parent(&raw, "guess-acl").await;
+    let session = client().await;
+    // Two new lock paths: the session now guesses the next directory missing (while one of its
+    // recipes lives).
+    let mut mutexes = Vec::new();
+    for i in 0..2 {
+        let mutex = InterProcessMutex::new(session.clone(), format!("{parent}/new-{i}")).unwrap();
+        mutex.acquire().await.unwrap().release().await.unwrap();
+        mutexes.push(mutex);
+    }
+    // A directory anyone may create in, below a parent nobody may create in.
+    let closed = format!("{parent}/closed");
+    let read_only = vec![zk::Acl::new(zk::Permission::READ | zk::Permission::ADMIN, zk::AuthId::anyone())];
+    raw.create(&closed, &[], &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    let lock_path = format!("{closed}/lock");
+    raw.create(&lock_path, &[], &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    raw.set_acl(&closed, &read_only, None).await.unwrap();
+    let mutex = InterProcessMutex::new(session.clone(), &lock_path).unwrap();
+    let guard = mutex.acquire_timeout(Duration::from_secs(10)).await.unwrap().expect("granted");
+    assert_eq!(children(&raw, &lock_path).await.len(), 1);
+    guard.release().await.unwrap();
+    assert_no_nodes_left_while_open(&raw, &lock_path, std::slice::from_ref(&session), Duration::from_secs(10)).await;
 }
 
 /// Several levels missing: the `multi` guessing only the directory fails without effect, the
