@@ -52,6 +52,19 @@ async fn listings_settled(proxy: &FaultProxy) -> u64 {
 /// before), and the queue then drains in order, one holder at a time, leaving no node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_on_many_sessions_shares_a_few_listings() {
+    burst_on_many_sessions(false).await;
+}
+
+/// The same with every session guessing new lock paths' directories missing (taught by two new
+/// paths each: `src/engine/directory_guess.rs`): their guessed `multi`s, refused, send no
+/// listing of their own (review AC: 35 listings, each of the whole queue, where the fresh sessions
+/// took 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_many_sessions_guessing_new_paths_shares_a_few_listings_too() {
+    burst_on_many_sessions(true).await;
+}
+
+async fn burst_on_many_sessions(guessing: bool) {
     init_tracing();
     let _alone = SERIAL.lock().await;
     let waiters = 32;
@@ -61,8 +74,16 @@ async fn a_burst_on_many_sessions_shares_a_few_listings() {
     // The waiters' sessions go through a passing proxy that counts their requests by type.
     let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
     let mut sessions = Vec::new();
+    // Kept: what a session learned lives as long as one of its recipes does.
+    let mut teachers = Vec::new();
     for _ in 0..waiters {
-        sessions.push(via(&proxy).await);
+        let session = via(&proxy).await;
+        for i in 0..if guessing { 2 } else { 0 } {
+            let teacher = InterProcessMutex::new(session.clone(), unique_path(&format!("teach-{i}"))).unwrap();
+            teacher.acquire().await.unwrap().release().await.unwrap();
+            teachers.push(teacher);
+        }
+        sessions.push(session);
     }
     let before = listings(&proxy.requests());
     let holders = Arc::new(AtomicUsize::new(0));
@@ -88,7 +109,7 @@ async fn a_burst_on_many_sessions_shares_a_few_listings() {
     })
     .await;
     let taken = listings_settled(&proxy).await - before;
-    eprintln!("{waiters} acquires at once on {waiters} sessions took {taken} listings");
+    eprintln!("{waiters} acquires at once on {waiters} sessions (guessing {guessing}) took {taken} listings");
     let bound = (waiters as u64).div_ceil(8) * LISTINGS_PER_8_ACQUIRES;
     assert!(taken <= bound, "{waiters} acquires at once took {taken} listings (published: at most {bound})");
 

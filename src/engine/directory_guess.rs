@@ -1,26 +1,33 @@
 //! A new lock path: whether an acquire's first create guesses its directory missing.
 //!
-//! An acquire does not know whether its lock path's directory exists, and either guess costs two
-//! wasted requests when it is wrong, one of them a write the server refuses — an error
-//! transaction it still logs and commits:
+//! An acquire does not know whether its lock path's directory exists, and a wrong guess costs a
+//! write the server refuses — an error transaction it still logs and commits — and a listing:
 //! - guessed to exist (Curator's guess): the plain create, answered `NoNode` for a new path, and
-//!   the listing behind it; then the `multi` that creates the directory with our node;
-//! - guessed missing: that `multi` first, answered `NodeExists` for a directory that exists, and
-//!   the listing behind it; then the plain create.
+//!   the listing behind it (of a missing directory); then the `multi` that creates the directory
+//!   with our node;
+//! - guessed missing: that `multi` first, answered `NodeExists` for a directory that exists; then
+//!   the plain create. The listing behind a guessed `multi` is sent only where a plain create's
+//!   would be (the acquire alone among the process's for that directory, `listing::Setup`), and
+//!   then lists the whole directory, where Curator's guess wastes a listing of a missing one.
+//!   Without it, a guessed `multi` applied costs a read of our node for its czxid.
 //!
 //! Right, either costs one write and the listing behind it. A burst of new lock paths (a service
-//! taking its locks at start, per-job locks) guessed to exist asks the server for 5 requests per
-//! lock where 3 do (BENCHMARKS.md, *Where a burst's time goes*).
+//! taking its locks at start) guessed to exist asks the server for 5 requests per lock where 3 do
+//! (BENCHMARKS.md, *Where a burst's time goes*).
 //!
-//! So the guess is learned per session (kept with its `SessionContext`, while any recipe of the
-//! session lives), as a processor predicts a branch: a saturating counter
+//! So the guess is learned per session, as a processor predicts a branch: a saturating counter
 //! from 0 to 3, counted up by a create that found its directory missing and down by one that found
 //! it, and the directory is guessed missing from 2. A session starts at 0, Curator's guess: a
 //! service whose acquires find their directories (the same locks taken again and again) pays
 //! nothing for it; one that takes new lock paths pays two wrong guesses, then none (in a burst,
-//! also the creates already sent when the first answers come: at most the session's window of
-//! creates, `session/monitor.rs`). Wrong, a guess costs an acquire what Curator's guess costs every
-//! new lock path; a pattern made to defeat the counter pays that at every acquire, no more.
+//! also the acquires whose create went out before the second `NoNode` was counted: `hold_cost`
+//! bounds them by the session's window of creates, and one). A pattern made to defeat the counter
+//! pays a wrong guess at every acquire, as Curator's guess pays at every new lock path.
+//!
+//! The counter lives in the session's `SessionContext`, which a plain client's session keeps only
+//! while one of its recipe objects lives (a managed client's, while the client does): a service
+//! that makes a mutex per acquire and drops it, on a plain client and nothing else alive, starts
+//! from Curator's guess every time.
 //!
 //! # Only what is sent first
 //! A guess never decides an outcome:
@@ -31,7 +38,7 @@
 //!   always was. So an acquire returns the errors it returned without the guess.
 //! - Applied, a guessed `multi` is the `multi` a known-missing directory gets: the directory (and
 //!   nothing above it) created with our node, all or nothing (`create_with_levels`), its czxid
-//!   from the listing behind it (`created_with_directory`).
+//!   from the listing behind it (`created_with_directory`) or read from the node.
 //! - Neither order changes where our node is or which requests follow it: the grant rests on the
 //!   listing after the create that succeeded, either way.
 

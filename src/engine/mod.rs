@@ -765,9 +765,12 @@ impl OnSession<'_> {
             // Alone (or nearly) among the process's acquires of this directory, the listing is
             // pipelined right behind the create: one round trip. In a burst, most wait for their
             // create's reply and share a listing that shows their node.
-            // Behind a `multi` that creates the directory, always: its create carries no stat, and
-            // this listing brings our node's czxid (`created_with_directory`).
-            let pipelined = with_levels || setup.as_ref().is_none_or(listing::Setup::pipelined);
+            // Behind a `multi` that creates a directory known missing, always: its create carries
+            // no stat, and this listing brings our node's czxid (`created_with_directory`). Behind
+            // a guessed one only as behind a plain create: for a directory that exists (the guess
+            // refused), it would be a listing of its whole queue, not shared (review AC); applied,
+            // the node's czxid is read instead (`czxid_of`) unless a listing came with it.
+            let pipelined = (with_levels && !guess) || setup.as_ref().is_none_or(listing::Setup::pipelined);
             let mut listing =
                 pipelined.then(|| Box::pin(listing::after_sent_requests(client, &self.lock.dir, driver.queue())));
             match create.await {

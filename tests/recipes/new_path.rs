@@ -99,7 +99,8 @@ async fn a_new_lock_path_costs_a_create_a_multi_and_two_listings_until_the_sessi
 async fn a_guessed_multi_refused_for_the_parents_acl_still_acquires() {
     let raw = client().await;
     let parent = parent(&raw, "guess-acl").await;
-    let session = client().await;
+    let proxy = FaultProxy::start(zookeeper().await.connect_string()).await.unwrap();
+    let session = zookeeper().await.connector().connect(&proxy.addr()).await.unwrap();
     // Two new lock paths: the session now guesses the next directory missing (while one of its
     // recipes lives).
     let mut mutexes = Vec::new();
@@ -116,7 +117,11 @@ async fn a_guessed_multi_refused_for_the_parents_acl_still_acquires() {
     raw.create(&lock_path, &[], &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
     raw.set_acl(&closed, &read_only, None).await.unwrap();
     let mutex = InterProcessMutex::new(session.clone(), &lock_path).unwrap();
+    let before = proxy.requests();
     let guard = mutex.acquire_timeout(Duration::from_secs(10)).await.unwrap().expect("granted");
+    let sent = sent_between(&before, &proxy.requests());
+    assert_eq!(count(&sent, op::MULTI), 1, "the guessed multi, refused: {sent:?}");
+    assert_eq!(count(&sent, op::CREATE2), 1, "then the plain create: {sent:?}");
     assert_eq!(children(&raw, &lock_path).await.len(), 1);
     guard.release().await.unwrap();
     assert_no_nodes_left_while_open(&raw, &lock_path, std::slice::from_ref(&session), Duration::from_secs(10)).await;
