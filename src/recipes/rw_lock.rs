@@ -82,6 +82,7 @@ use std::sync::Arc;
 
 use crate::engine::driver::{Decision, LockDriver};
 use crate::engine::naming::{LockChild, Queue};
+use crate::engine::LockInternals;
 use crate::error::{Error, Result};
 use crate::hold::holds::Holds;
 use crate::hold::scope::scope_hold;
@@ -144,7 +145,8 @@ static WRITE_DRIVER: ReadWriteDriver = ReadWriteDriver { creates: WRITE };
 /// downgrade*), queued for anyone else.
 struct ReadEntry {
     write_holds: Arc<Holds>,
-    path: String,
+    /// For the lock path in errors (no copy of it kept per lock: issue 24).
+    internals: Arc<LockInternals>,
 }
 
 impl EntryRule for ReadEntry {
@@ -155,7 +157,7 @@ impl EntryRule for ReadEntry {
                 Ok(Entry::Beside { anchor: write })
             },
             None if self.write_holds.held_by_current_owner() => {
-                Err(Error::UnscopedDowngrade { path: self.path.clone() })
+                Err(Error::UnscopedDowngrade { path: self.internals.dir().to_owned() })
             },
             None => Ok(Entry::Queue),
         }
@@ -165,13 +167,14 @@ impl EntryRule for ReadEntry {
 /// A write acquire: refused inside a read scope (the upgrade).
 struct WriteEntry {
     read_holds: Arc<Holds>,
-    path: String,
+    /// For the lock path in errors.
+    internals: Arc<LockInternals>,
 }
 
 impl EntryRule for WriteEntry {
     fn entry(&self) -> Result<Entry> {
         match scope_hold(&self.read_holds) {
-            Some(_) => Err(Error::Upgrade { path: self.path.clone() }),
+            Some(_) => Err(Error::Upgrade { path: self.internals.dir().to_owned() }),
             None => Ok(Entry::Queue),
         }
     }
@@ -240,8 +243,8 @@ impl LockBuilder<InterProcessReadWriteLock> {
     pub fn build(self) -> Result<InterProcessReadWriteLock> {
         let internals = Arc::new(self.internals(WRITE_LOCK_NAME)?);
         let (read_holds, write_holds) = (Holds::new("read_lock"), Holds::new("write_lock"));
-        let read_entry = ReadEntry { write_holds: write_holds.clone(), path: internals.dir().to_owned() };
-        let write_entry = WriteEntry { read_holds: read_holds.clone(), path: internals.dir().to_owned() };
+        let read_entry = ReadEntry { write_holds: write_holds.clone(), internals: internals.clone() };
+        let write_entry = WriteEntry { read_holds: read_holds.clone(), internals: internals.clone() };
         let read = InterProcessMutex::of_kind(internals.clone(), read_holds, &READ_DRIVER, Some(Box::new(read_entry)));
         let write = InterProcessMutex::of_kind(internals, write_holds, &WRITE_DRIVER, Some(Box::new(write_entry)));
         Ok(InterProcessReadWriteLock { read, write })
