@@ -20,7 +20,7 @@
 //! (`requests_per_hold`).
 //! `RECIPE=mutex|read|latch|lease` picks what is held (a mutex, a read lock, a started leader
 //! latch's leadership, a mutex hold with an hour's lease) and `POLICY=suspended|deadline` the loss
-//! policy. The mutex runs (batches, and the burst from either thread) and the latch's burst are
+//! policy. The mutex runs (batches, and the burst from either thread) and every recipe's burst are
 //! checked against the README's figures.
 //! `SPAWN=main|worker` says where the acquires are spawned from: the main thread (outside the
 //! runtime's workers, the default) or a task on a worker, as a service's code mostly runs. With
@@ -69,6 +69,13 @@ const LATCH_BURST: Published = Published { heap: 2_500, rss: 4_600 };
 /// acquires' tasks freed among the holds' records (4.9 KB before the holds' and feeds' slab;
 /// 4.1–4.4 KB with it; 2.5–2.9 KB since a session's creates in flight are bounded).
 const BURST_FROM_WORKER: Published = Published { heap: 1_700, rss: 2_800 };
+/// Read locks taken all at once (`RECIPE=read BURST=1`): the read/write lock's second kind (its
+/// holds' table, its entry rule) beside a mutex hold's records (2.07–2.31 KB resident).
+const READ_BURST: Published = Published { heap: 1_780, rss: 2_300 };
+/// Mutex holds with an hour's lease taken all at once (`RECIPE=lease BURST=1`): the lease's record
+/// and its entry in the session's timers beside the hold (2.14–2.20 KB resident since the timers
+/// are the session's, 2.73–2.80 KB with a task per lease).
+const LEASE_BURST: Published = Published { heap: 1_850, rss: 2_200 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch, once
 /// the session guesses new lock paths missing (`src/engine/directory_guess.rs`): the `multi` that
 /// makes the directory with the node, the listing behind it, the watch's `getData`.
@@ -371,6 +378,8 @@ async fn main() -> Result<(), BoxError> {
         ("mutex", true) if from_worker => BURST_FROM_WORKER,
         ("mutex", true) => BURST,
         ("latch", true) => LATCH_BURST,
+        ("read", true) => READ_BURST,
+        ("lease", true) => LEASE_BURST,
         // Measured, not checked: no figure is published for these.
         _ => {
             return if still_held == holds {

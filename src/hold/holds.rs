@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info_span, warn, Instrument};
@@ -29,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::metrics;
 use crate::session::client::SessionContext;
 use crate::session::monitor::HoldFeed;
+use crate::session::timers::{Due, TimerKey};
 use crate::state::{LockState, LossReason};
 use crate::sync::{lock, Record, Records, WeakRecord};
 
@@ -63,21 +63,30 @@ pub(crate) struct Hold {
 
 /// A hold's lease ([`LockBuilder::lease`](crate::LockBuilder::lease)): when it runs out, the hold
 /// ends `Lost(LeaseExpired)` — told first, then its node's delete sent (see `Holds::lease`).
-#[derive(Debug)]
 struct HoldLease {
     /// When it runs out, on the session's clock (`SessionClock`: it counts a suspended machine's
     /// sleep, as the loss deadline does), and whether it was seen run out — final: from then on
     /// no `extend` moves it (read and written under this lock, so a hold once read
-    /// `Lost(LeaseExpired)` never reads `Held` again).
+    /// `Lost(LeaseExpired)` never reads `Held` again); and its timer.
     until: Mutex<LeaseEnd>,
-    /// Told when `until` moves (an `extend`).
-    moved: Notify,
+    /// The table that ends the hold, and the hold (weak: the hold owns its lease).
+    holds: Weak<Holds>,
+    hold: WeakRecord<Hold>,
+}
+
+impl std::fmt::Debug for HoldLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldLease").field("until", &self.until).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
 struct LeaseEnd {
     until: Instant,
     ran_out: bool,
+    /// The session's timer that looks at the lease again (`Session::set_timer`): at or before
+    /// `until` while the hold lasts; `None` once the hold ended (cancelled) or the lease ran out.
+    timer: Option<TimerKey>,
 }
 
 impl LeaseEnd {
@@ -214,10 +223,11 @@ impl Hold {
         // again after the release) — and its node's deletion is unclean (a lock-delay waits it
         // out, as for a lease the timer ended).
         let relinquished = relinquished.or_else(|| self.lease_ran_out().then_some(LossReason::LeaseExpired));
-        // Wakes its lease timer, if any, which then sees the hold ended and stops: it would
-        // otherwise sleep out the lease (a task per leased hold, alive for as long as its lease).
+        // Cancels its lease's timer, if any: the session's timers keep only live ones.
         if let Some(lease) = self.lease.get() {
-            lease.moved.notify_one();
+            if let Some(timer) = lock(&lease.until).timer.take() {
+                self.context.session.cancel_timer(timer);
+            }
         }
         // Whether it ended lost (re-evaluated now: the monitor may not have told it yet; no side
         // effects on the release path).
@@ -403,45 +413,43 @@ impl Holds {
     /// (`extend`). When it runs out the hold ends `Lost(LeaseExpired)`, guards alive or not: every
     /// guard reads `Lost` from that instant (its state is checked against the clock, and so are
     /// fenced writes, which are refused from then on), the session monitor is told, and only then
-    /// is the node's delete sent — so the next holder is granted after the holder was told. A
-    /// timer task per leased hold does it; it holds the hold weakly and stops once the hold ends.
+    /// is the node's delete sent — so the next holder is granted after the holder was told. The
+    /// session's timers do it (`session/timers.rs`: one task for every lease of the session); the
+    /// timer holds the lease weakly and is cancelled when the hold ends.
     ///
     /// Fails with `LockLost` if the hold is already lost or ended (a lease cannot revive it).
     pub(crate) fn lease(self: &Arc<Self>, hold: &Record<Hold>, duration: Duration) -> Result<()> {
         hold.check_live()?;
         let duration = duration.min(MAX_LEASE);
-        let mut first = false;
+        let session = &hold.context.session;
         let lease = hold.lease.get_or_init(|| {
-            first = true;
-            let until = hold.context.session.now() + duration;
-            Arc::new(HoldLease { until: Mutex::new(LeaseEnd { until, ran_out: false }), moved: Notify::new() })
+            let until = session.now() + duration;
+            Arc::new(HoldLease {
+                until: Mutex::new(LeaseEnd { until, ran_out: false, timer: None }),
+                holds: Arc::downgrade(self),
+                hold: Record::downgrade(hold),
+            })
         });
-        {
-            // Checked and moved in one step: a lease seen run out is never moved.
-            let mut end = lock(&lease.until);
-            let now = hold.context.session.now();
-            if end.ran_out(now) {
-                return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason: LossReason::LeaseExpired });
-            }
-            end.until = now + duration;
+        // Checked and moved in one step: a lease seen run out is never moved.
+        let mut end = lock(&lease.until);
+        let now = session.now();
+        if end.ran_out(now) {
+            return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason: LossReason::LeaseExpired });
         }
-        lease.moved.notify_one();
-        if first {
-            let runtime = tokio::runtime::Handle::try_current().ok().or_else(|| hold.context.cleanup.runtime());
-            match runtime {
-                // Spawned from a thread of the blocking pool: a task spawned from inside the
-                // holder's task would sit in its worker's slot that no other worker steals from,
-                // and a holder that then blocks its thread (the hung holder a lease is for) would
-                // keep its timer from ever running.
-                Some(runtime) => {
-                    let timer = lease_timer(Arc::downgrade(self), Record::downgrade(hold), lease.clone());
-                    let spawner = runtime.clone();
-                    drop(runtime.spawn_blocking(move || drop(spawner.spawn(timer))));
-                },
-                // Its state still reads `Lost(LeaseExpired)` once it runs out; the node goes when
-                // the guards do.
-                None => warn!(lock_path = hold.lock_path(), "no tokio runtime for a hold's lease timer"),
+        // Ended since `check_live` (`end_all`: a closed latch): `end` marks the hold ended before
+        // it cancels the lease's timer under this lock, so no timer set here outlives the hold
+        // (review AD: one set after the cancel kept the session's timers alive for the lease).
+        if hold.has_ended() {
+            return Err(Error::LockLost { path: hold.lock_path().to_owned(), reason: LossReason::NodeDeleted });
+        }
+        end.until = now + duration;
+        // A timer at or before the new end is kept: when it fires, it looks again (`due`). A later
+        // one (the lease shortened) is replaced.
+        if end.timer.is_none_or(|timer| timer.at() > end.until) {
+            if let Some(timer) = end.timer.take() {
+                session.cancel_timer(timer);
             }
+            end.timer = Some(session.set_timer(end.until, Arc::downgrade(lease) as Weak<dyn Due>));
         }
         Ok(())
     }
@@ -479,35 +487,30 @@ impl Holds {
     }
 }
 
-/// Ends `hold` when its lease runs out (see [`Holds::lease`]); returns early once the hold ended
-/// otherwise (released) or is gone.
-async fn lease_timer(holds: Weak<Holds>, hold: WeakRecord<Hold>, lease: Arc<HoldLease>) {
-    loop {
-        let moved = lease.moved.notified();
-        tokio::pin!(moved);
-        // Registered before `until` is read: a move in between is not missed.
-        moved.as_mut().enable();
-        let wait = {
-            let Some(hold) = hold.upgrade() else { return };
-            if hold.has_ended() {
-                return;
-            }
-            let now = hold.context.session.now();
-            let mut end = lock(&lease.until);
-            let until = end.until;
-            if end.ran_out(now) {
-                drop(end);
-                if let Some(holds) = holds.upgrade() {
-                    holds.expire(&hold);
-                }
-                return;
-            }
-            until - now
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {},
-            () = moved => {},
+impl Due for HoldLease {
+    /// The lease's timer fired: if the lease ran out, the hold ends (`Holds::expire`); if it was
+    /// moved meanwhile, a timer is set at its new end. A timer that is no longer the lease's (the
+    /// lease shortened: replaced) does nothing.
+    fn due(self: Arc<Self>, key: TimerKey) {
+        let Some(hold) = self.hold.upgrade() else { return };
+        if hold.has_ended() {
+            return;
         }
+        let session = &hold.context.session;
+        let mut end = lock(&self.until);
+        if end.timer != Some(key) {
+            return;
+        }
+        if end.ran_out(session.now()) {
+            end.timer = None;
+            drop(end);
+            if let Some(holds) = self.holds.upgrade() {
+                holds.expire(&hold);
+            }
+            return;
+        }
+        let due = Arc::downgrade(&self) as Weak<dyn Due>;
+        end.timer = Some(session.set_timer(end.until, due));
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`watch`]: data watches on nodes.
 //! - [`cleanup`]: deletion of nodes nobody wants any more, by path or by protection GUID and
 //!   owner, retried until they are gone or the session is dead.
+//! - [`timers`]: instants on the session's clock (its holds' leases), one task for all of them.
 //! - [`clock`], [`acl`]: the suspend-aware clock the loss deadline runs on; ACL lists.
 //!
 //! This layer knows paths and sessions, not lock nodes or queues: nothing here imports from the
@@ -18,4 +19,5 @@ pub(crate) mod cleanup;
 pub(crate) mod client;
 pub(crate) mod clock;
 pub(crate) mod monitor;
+pub(crate) mod timers;
 pub(crate) mod watch;

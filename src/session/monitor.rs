@@ -226,6 +226,7 @@ use zookeeper_client as zk;
 use crate::error::{outcome_unknown, session_dead, Error, Result};
 use crate::session::cleanup::{Cleanup, Searches, Target};
 use crate::session::clock::Clock;
+use crate::session::timers::{Driver, Due, Start, TimerKey, Timers};
 use crate::session::watch::{arm, NodeWatch, WatchFuture, Watched};
 use crate::state::{LockState, LossPolicy, LossReason};
 use crate::sync::{lock, Record, Records, WeakRecord};
@@ -308,6 +309,8 @@ struct Shared {
     monitor_runtime: Mutex<Option<tokio::runtime::Handle>>,
     /// Places for acquires whose create is in flight ([`CREATE_WINDOW`]).
     create_window: Semaphore,
+    /// The session's timers (its holds' leases), driven by one task while any is set.
+    timers: Timers,
 }
 
 /// How many acquires of one session may have their create in flight at once (*A window of
@@ -606,6 +609,7 @@ impl Session {
             own_watches_wake: Notify::new(),
             monitor_runtime: Mutex::default(),
             create_window: Semaphore::new(CREATE_WINDOW),
+            timers: Timers::default(),
         });
         sessions.insert(key, Arc::downgrade(&shared));
         Session { shared }
@@ -627,6 +631,40 @@ impl Session {
     /// request whose answer is passed to [`answered`](Self::answered).
     pub(crate) fn now(&self) -> Instant {
         self.shared.clock.now()
+    }
+
+    /// Sets a timer that calls `due` once `at` has passed on the session's clock ([`now`](Self::now)),
+    /// unless cancelled first ([`cancel_timer`](Self::cancel_timer)). One task drives every timer
+    /// of the session (`session/timers.rs`), on the runtime of the caller that starts it (else the
+    /// monitor's), moved off this worker when this starts or wakes it.
+    pub(crate) fn set_timer(&self, at: Instant, due: Weak<dyn Due>) -> TimerKey {
+        let (key, start) = self.shared.timers.set(at, due, self.now());
+        match start {
+            Start::Nothing => {},
+            Start::Woken => off_this_worker(),
+            Start::Spawn => {
+                let driver = Driver::new(self.shared.clone(), |shared| &shared.timers, |shared| shared.clock.now());
+                // On the runtime of the task setting the timer (a lease's holder), as a task per
+                // lease was: the monitor's may be another, and shut down with its holds while this
+                // one's go on (review AD). Dropped unspawned, the driver lets the next timer spawn.
+                let runtime =
+                    tokio::runtime::Handle::try_current().ok().or_else(|| lock(&self.shared.monitor_runtime).clone());
+                match runtime {
+                    Some(runtime) => drop(runtime.spawn(driver.drive())),
+                    None => self.shared.spawn(driver.drive()),
+                }
+                off_this_worker();
+            },
+        }
+        key
+    }
+
+    /// Cancels the timer `key` if it has not fired (the last one ends the driver: it is woken,
+    /// and moved off this worker).
+    pub(crate) fn cancel_timer(&self, key: TimerKey) {
+        if self.shared.timers.cancel(key) == Start::Woken {
+            off_this_worker();
+        }
     }
 
     /// Where the session remembers its runtime (shared with the cleanup of its recipes).

@@ -109,6 +109,162 @@ async fn extend_keeps_the_hold_and_release_ends_it_cleanly() {
     assert_no_nodes_left_while_open(&client, &path, std::slice::from_ref(&client), Duration::from_secs(10)).await;
 }
 
+/// The runtime's alive tasks once they are at most `limit`, or after 20 s.
+async fn alive_tasks_down_to(limit: usize) -> usize {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let started = Instant::now();
+    let mut alive = metrics.num_alive_tasks();
+    while alive > limit && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        alive = metrics.num_alive_tasks();
+    }
+    alive
+}
+
+/// A session used from two runtimes: its monitor runs on the first (which took the session's
+/// first hold), a hold with a lease is taken on the second, and the first shuts down. The lease's
+/// timer runs on the runtime that set it, so the lease still ends the hold and the waiter is
+/// granted (review AD: on the monitor's runtime, it stopped with it and the node stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_outlives_the_runtime_its_sessions_monitor_ran_on() {
+    let (holder_client, waiter_client) = (client().await, client().await);
+    let first = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let held = first
+        .spawn({
+            let (client, path) = (holder_client.clone(), unique_path("lease-first-runtime"));
+            async move { InterProcessMutex::new(client, path).unwrap().acquire().await.unwrap() }
+        })
+        .await
+        .unwrap();
+    let path = unique_path("lease-second-runtime");
+    let mutex = InterProcessMutex::new(holder_client.clone(), &path).unwrap();
+    let lease = Duration::from_secs(1);
+    let started = Instant::now();
+    // Kept, as a hung holder keeps it.
+    let guard = mutex.acquire_with_lease(lease).await.unwrap();
+    first.shutdown_background();
+    let waiter = InterProcessMutex::new(waiter_client.clone(), &path).unwrap();
+    let next = waiter.acquire_timeout(Duration::from_secs(6)).await.unwrap();
+    let granted_after = started.elapsed();
+    let next = next.expect("the waiter was not granted: the lease's timer stopped with the other runtime");
+    assert!(granted_after <= lease + SLACK * 2, "granted {granted_after:?} after a lease of {lease:?}");
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+    drop((guard, held));
+    next.release().await.unwrap();
+    assert_no_nodes_left_while_open(
+        &waiter_client,
+        &path,
+        &[holder_client.clone(), waiter_client.clone()],
+        Duration::from_secs(10),
+    )
+    .await;
+}
+
+/// Leases are driven by one task of the session, not a task each (issue 24), and a released
+/// hold cancels its lease's timer: 200 leased holds add a few tasks at most (the session's
+/// monitor, its own-node watch and timer drivers), and once they are released every one of them
+/// ends — the timer driver with them, which a timer left set for the hour's lease would keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_holds_share_one_timer_task_and_leave_no_timer_behind() {
+    let base = unique_path("lease-timers");
+    let client = client().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    // The session's monitor and drivers once started and stopped, as they will be at the end.
+    let warm = InterProcessMutex::new(client.clone(), format!("{base}/warm")).unwrap();
+    warm.acquire().await.unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = metrics.num_alive_tasks();
+    let mutexes: Vec<_> = (0..200)
+        .map(|i| {
+            InterProcessMutex::builder(client.clone(), format!("{base}/l-{i}"))
+                .lease(Duration::from_secs(3600))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for mutex in &mutexes {
+        guards.push(mutex.acquire().await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = metrics.num_alive_tasks();
+    println!("alive tasks: {before} before, {held} with 200 leased holds");
+    assert!(held < before + 10, "{} more tasks for 200 leased holds: a task per lease", held - before);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    let after = alive_tasks_down_to(before).await;
+    assert!(after <= before, "{} tasks left alive by 200 released leased holds (a timer left set?)", after - before);
+    assert_no_nodes_left_while_open(&client, &base, std::slice::from_ref(&client), Duration::from_secs(10)).await;
+}
+
+/// The hung holder a lease exists for may block its thread (a runtime worker) right after setting
+/// or moving its lease: the session's timer driver, woken by that, must not wait in that worker's
+/// LIFO slot, which no other worker steals from (`session/timers.rs`). Whether the lease is
+/// shortened from an hour to a second (its timer cancelled, the session's last, and set again; or
+/// replaced while another hold's hour-long lease is set) or a new hold's second-long lease comes
+/// before every other of the session (the driver sleeps until an hour's) or is its first (the
+/// driver started by the holder: review AD), it still runs out and the waiter is granted while the
+/// holder's thread sleeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_blocks_its_thread_after_setting_its_lease_still_loses_the_lock() {
+    for (shortened, with_hour) in [(true, false), (true, true), (false, true), (false, false)] {
+        let path = unique_path("lease-blocked");
+        let (holder_client, waiter_client) = (client().await, client().await);
+        // An hour's lease on the session: its timer driver sleeps until then.
+        let other = InterProcessMutex::new(holder_client.clone(), unique_path("lease-hour")).unwrap();
+        let hour = match with_hour {
+            true => Some(other.acquire_with_lease(Duration::from_secs(3600)).await.unwrap()),
+            false => None,
+        };
+        let mutex = InterProcessMutex::new(holder_client.clone(), &path).unwrap();
+        let lease = Duration::from_secs(1);
+        let guard = match shortened {
+            true => Some(mutex.acquire_with_lease(Duration::from_secs(3600)).await.unwrap()),
+            false => None,
+        };
+        let started = Instant::now();
+        let holder = tokio::spawn(async move {
+            let guard = match guard {
+                Some(guard) => {
+                    guard.extend(lease).unwrap();
+                    guard
+                },
+                None => mutex.acquire_with_lease(lease).await.unwrap(),
+            };
+            // Blocks this worker thread, as a hung holder does.
+            std::thread::sleep(Duration::from_secs(6));
+            guard
+        });
+        // The waiter queues behind the holder.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let waiter = InterProcessMutex::new(waiter_client.clone(), &path).unwrap();
+        let next = waiter.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+        let granted_after = started.elapsed();
+        let next = next.unwrap_or_else(|| {
+            panic!("shortened {shortened}, beside an hour's lease {with_hour}: the waiter was not granted while the holder's thread was blocked")
+        });
+        assert!(
+            granted_after <= lease + SLACK * 2,
+            "shortened {shortened}, beside an hour's lease {with_hour}: granted {granted_after:?} after a lease of {lease:?}: its timer waited for the blocked thread"
+        );
+        let guard = holder.await.unwrap();
+        assert_eq!(guard.state(), LockState::Lost(LossReason::LeaseExpired));
+        drop(guard);
+        next.release().await.unwrap();
+        if let Some(hour) = hour {
+            hour.release().await.unwrap();
+        }
+        assert_no_nodes_left_while_open(
+            &holder_client,
+            &path,
+            &[holder_client.clone(), waiter_client],
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_recipe_takes_a_lease() {
     let client = client().await;
