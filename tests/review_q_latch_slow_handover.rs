@@ -89,11 +89,14 @@ async fn a_close_or_drop_inside_the_handover_leaves_nothing() {
         if requeue {
             let leadership = latch.await_leadership().await.unwrap();
             first = leadership.lock_path().to_owned();
+            // Counted before the delete: the re-queue's grant may log its handover before the
+            // delete's reply is read here (seen under load: the hit was counted before `hits`
+            // was read, and the wait for one more timed out).
+            hits = stall.hits.load(Ordering::SeqCst) + 1;
             *stall.path.lock().unwrap() = Some(path.clone());
             // Lost (node deleted): `serve` queues again alone, and its grant's handover stalls.
             observer.delete(leadership.lock_path(), None).await.unwrap();
             drop(leadership);
-            hits = stall.hits.load(Ordering::SeqCst) + 1;
         }
         // A clone would keep a dropped latch alive: the waiter only with a close.
         let waiter = close.then(|| {
