@@ -147,6 +147,9 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// An acquire on its task: the lock and its guard once it is done.
+type Acquiring = tokio::task::JoinHandle<Result<(Lock, LockGuard), BoxError>>;
+
 /// What is held per path.
 #[derive(Clone)]
 enum Lock {
@@ -177,13 +180,19 @@ impl Lock {
         })
     }
 
+    /// Starts the acquire, on a task: a latch is started here, where the task is spawned (its
+    /// own task, which queues it, is then spawned from the same thread as a mutex's acquire).
+    fn spawn_acquire(self) -> Result<Acquiring, BoxError> {
+        if let Lock::Latch(latch) = &self {
+            latch.start()?;
+        }
+        Ok(tokio::spawn(self.acquire()))
+    }
+
     async fn acquire(self) -> Result<(Lock, LockGuard), BoxError> {
         let guard = match &self {
             Lock::Mutex(mutex) => mutex.acquire().await?,
-            Lock::Latch(latch) => {
-                latch.start()?;
-                latch.await_leadership().await?
-            },
+            Lock::Latch(latch) => latch.await_leadership().await?,
         };
         Ok((self, guard))
     }
@@ -275,12 +284,12 @@ async fn main() -> Result<(), BoxError> {
     let mut latches = Vec::new();
     for batch in mutexes.chunks(if burst { holds.max(1) } else { 200 }) {
         let spawn_all =
-            |batch: Vec<Lock>| -> Vec<_> { batch.into_iter().map(|lock| tokio::spawn(lock.acquire())).collect() };
+            |batch: Vec<Lock>| -> Result<Vec<_>, BoxError> { batch.into_iter().map(Lock::spawn_acquire).collect() };
         let handles = match from_worker {
-            false => spawn_all(batch.to_vec()),
+            false => spawn_all(batch.to_vec())?,
             true => {
                 let batch = batch.to_vec();
-                tokio::spawn(async move { spawn_all(batch) }).await?
+                tokio::spawn(async move { spawn_all(batch) }).await??
             },
         };
         for handle in handles {

@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::hold::fenced::FencedWriter;
 use crate::hold::holds::{confirm, Hold, Holds};
 use crate::session::cleanup::Backoff;
+use crate::session::monitor::LossHook;
 use crate::state::{LockState, LossReason};
 use crate::sync::Record;
 
@@ -116,6 +117,12 @@ impl LockGuard {
     /// both are released; `None` if the hold is lost or its last guard is gone.
     pub(crate) fn another(&self) -> Option<LockGuard> {
         LockGuard::reentered(&self.holds, &self.hold).ok().flatten()
+    }
+
+    /// Calls `hook` once when this hold is newly lost (see `HoldFeed::on_lost`); returns the
+    /// reason instead if it was already told it is lost.
+    pub(crate) fn on_lost(&self, hook: std::sync::Weak<dyn LossHook>) -> Option<LossReason> {
+        self.hold.feed.on_lost(hook)
     }
 
     /// Full path of our lock node, e.g. `/locks/orders/_c_<uuid>-lock-0000000007`.

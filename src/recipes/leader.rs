@@ -5,10 +5,11 @@
 //!
 //! - A [`LeaderLatch`] queues `_c_<uuid>-latch-<seq>` nodes holding the participant id, as
 //!   Curator's `LeaderLatch` does: the first node in sequence order leads; everyone else watches
-//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer. Started, a
-//!   task of the latch keeps it in the election until it is closed: it acquires, keeps the guard
-//!   while the leadership lasts, and acquires again after a loss (Curator's `reset()`); a close
-//!   ends the hold however many guards of it were handed out (`Holds::end_all`: they are told
+//!   its immediate predecessor. Curator's `LeaderLatch` on the same path is a peer. Started, the
+//!   latch stays in the election until it is closed: a task of the latch queues it and ends at
+//!   the grant, the latch keeps the guard while the leadership lasts, and the leadership's loss
+//!   starts the next task, which queues again (Curator's `reset()`); a close ends the hold
+//!   however many guards of it were handed out (`Holds::end_all`: they are told
 //!   `Lost(LatchClosed)` before the node's delete is sent).
 //! - A [`LeaderSelector`] is a mutex with Curator's `lock-` names and the participant id as node
 //!   data, as Curator's `LeaderSelector` is, with Curator's `autoRequeue` loop around it: wait for
@@ -28,10 +29,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, info_span, warn, Instrument};
@@ -45,7 +47,7 @@ use crate::metrics::{LEADER_LATCH, LEADER_SELECTOR};
 use crate::recipes::builder::LockBuilder;
 use crate::recipes::mutex::{InterProcessMutex, Participant, MUTEX_DRIVER};
 use crate::session::client::RecipeClient;
-use crate::session::monitor::check_runtime;
+use crate::session::monitor::{check_runtime, LossHook};
 use crate::state::LossReason;
 use crate::sync::lock;
 
@@ -126,7 +128,8 @@ impl std::fmt::Debug for LeaderLatch {
 }
 
 /// The latch as its clones share it: dropped with the last clone, which ends a started latch's
-/// election (the task holds only the [`Election`], so it cannot keep itself alive).
+/// election (its task, and the loss hook of its leadership, hold only the [`Election`], so they
+/// cannot keep it alive).
 struct LatchHandle {
     election: Arc<Election>,
     /// The outcome of the latch's close once its work is done (`None` until then): every `close`
@@ -142,6 +145,25 @@ struct Election {
     /// Notified after every change of `state` (wakes `await_leadership`). Inline: a `watch`
     /// channel here was a 344 B allocation per latch (issue 24).
     changed: Notify,
+    /// The latch's task, behind a lock of its own: the leadership's loss hook starts the next
+    /// task from whatever thread told the loss, possibly one holding `state`'s lock (see
+    /// [`LossHook`]). Taken after `state`'s lock, never before it.
+    task: Mutex<TaskSlot>,
+}
+
+/// A started latch's task — queueing, from its start or a lost leadership until the grant (none
+/// runs while it leads: issue 24, a task per latch was 512 B) — and where it runs.
+#[derive(Default)]
+struct TaskSlot {
+    /// The task queueing the latch, while one does: what `close` stops. The task takes its own
+    /// handle out at the grant, before the hook that may start the next task is set, so a
+    /// finished task's memory is freed at once and the next task's handle is never dropped.
+    task: Option<JoinHandle<()>>,
+    /// The runtime `start` ran on: a loss told on any thread (or none) queues the latch there.
+    runtime: Option<Handle>,
+    /// Set by `close` and by the last clone's drop, before their holds end: from then on no task
+    /// starts (a hook told `Lost(LatchClosed)` by the close finds it set).
+    stopped: bool,
 }
 
 struct LatchState {
@@ -150,8 +172,6 @@ struct LatchState {
     /// `await_leadership` hands out more guards of.
     leadership: Option<LockGuard>,
     listeners: Vec<mpsc::UnboundedSender<LatchEvent>>,
-    /// The election task of a started latch.
-    task: Option<JoinHandle<()>>,
     /// One-shot acquires in flight (`acquire_once` and friends), each with what drops its attempt
     /// in its place: registered while the latch is latent, under this lock, so `close` (which
     /// closes the latch under it) cancels every one that may still send a create — also one whose
@@ -183,6 +203,40 @@ impl Election {
         let output = change(&mut lock(&self.state));
         self.changed.notify_waiters();
         output
+    }
+
+    /// Starts the latch's task running `work` on the runtime it was started on, unless it was
+    /// stopped ([`stop_task`](Self::stop_task)) or never started.
+    fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let mut slot = lock(&self.task);
+        if slot.stopped {
+            return;
+        }
+        let Some(runtime) = slot.runtime.as_ref() else { return };
+        let span = info_span!("leader_latch", election = %self.lock.path());
+        slot.task = Some(runtime.spawn(work.instrument(span)));
+    }
+
+    /// Stops the latch's task for good: the running one is aborted (returned, for its end to be
+    /// awaited: a queued node's delete is sent once its future is dropped), and none starts from
+    /// now on.
+    fn stop_task(&self) -> Option<JoinHandle<()>> {
+        let mut slot = lock(&self.task);
+        slot.stopped = true;
+        let task = slot.task.take();
+        if let Some(task) = &task {
+            task.abort();
+        }
+        task
+    }
+}
+
+/// A started latch's leadership was lost: it queues again, on a task of its own (Curator's
+/// `reset()`). Nothing waits for the loss: the session tells it (issue 24).
+impl LossHook for Election {
+    fn lost(self: Arc<Self>, reason: LossReason) {
+        let election = self.clone();
+        self.spawn(rejoin(election, reason));
     }
 }
 
@@ -262,11 +316,15 @@ impl LockBuilder<LeaderLatch> {
             phase: Phase::Latent,
             leadership: None,
             listeners: Vec::new(),
-            task: None,
             one_shots: Vec::new(),
             next_one_shot: 0,
         };
-        let election = Arc::new(Election { lock, state: Mutex::new(state), changed: Notify::new() });
+        let election = Arc::new(Election {
+            lock,
+            state: Mutex::new(state),
+            changed: Notify::new(),
+            task: Mutex::new(TaskSlot::default()),
+        });
         Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: OnceLock::new() }) })
     }
 }
@@ -301,10 +359,10 @@ impl LeaderLatch {
         Error::LatchState { path: self.path().to_owned(), reason }
     }
 
-    /// Joins the election (Curator's `start()`): returns at once; a task of the latch queues its
-    /// node, and from then on keeps it in the election — after each lost leadership it queues a
-    /// new node at the end, on a `ManagedClient`'s new session after an expiry — until
-    /// [`close`](Self::close) or the last clone is dropped. Watch it with
+    /// Joins the election (Curator's `start()`): returns at once; a task of the latch, on the
+    /// current runtime, queues its node, and from then on the latch stays in the election — after
+    /// each lost leadership a task queues a new node at the end, on a `ManagedClient`'s new
+    /// session after an expiry — until [`close`](Self::close) or the last clone is dropped. Watch it with
     /// [`await_leadership`](Self::await_leadership), [`subscribe`](Self::subscribe) and
     /// [`has_leadership`](Self::has_leadership).
     ///
@@ -323,8 +381,8 @@ impl LeaderLatch {
                 return Err(self.state_error("a one-shot leadership of this latch is still held; release it first"));
             }
             state.phase = Phase::Started;
-            let span = info_span!("leader_latch", election = %self.path());
-            state.task = Some(tokio::spawn(elect(election.clone()).instrument(span)));
+            lock(&election.task).runtime = Some(Handle::current());
+            election.spawn(elect(election.clone()));
             Ok(())
         });
         if started.is_ok() {
@@ -446,16 +504,17 @@ impl LeaderLatch {
             // One-shot acquires start only while latent, registered under this lock: these are
             // all that may still send a create.
             let one_shots: Vec<_> = state.one_shots.drain(..).map(|(_, cancel)| cancel).collect();
-            Some((state.task.take(), state.leadership.take(), one_shots))
+            Some((state.leadership.take(), one_shots))
         });
-        if let Some((task, leadership, one_shots)) = first {
+        if let Some((leadership, one_shots)) = first {
             // Each one-shot's attempt is dropped here (its node's delete starts), or, if it is
             // being polled right now, it ends first (a grant during the close given back).
             for cancel in one_shots {
                 cancel();
             }
-            if let Some(task) = &task {
-                task.abort();
+            // Before the holds end: their hooks, told `Lost(LatchClosed)`, start no task.
+            let task = election.stop_task();
+            if lock(&election.task).runtime.is_some() {
                 info!(election = self.path(), "leader latch closed");
             }
             // Every hold of the latch ends now, guards handed out or not; their deletes are sent.
@@ -622,7 +681,7 @@ impl Drop for LatchHandle {
     /// (its task is stopped, which deletes a queued node; its leadership's node is deleted), and
     /// its subscribers are told `NotLeader(LatchClosed)` if it led, as by `close`.
     fn drop(&mut self) {
-        let (task, leadership, started) = {
+        let (leadership, started) = {
             let mut state = lock(&self.election.state);
             let started = matches!(state.phase, Phase::Started);
             if started {
@@ -632,11 +691,10 @@ impl Drop for LatchHandle {
                 }
             }
             state.listeners.clear();
-            (state.task.take(), state.leadership.take(), started)
+            (state.leadership.take(), started)
         };
-        if let Some(task) = task {
-            task.abort();
-        }
+        // Before the holds end: their hooks, told `Lost(LatchClosed)`, start no task.
+        drop(self.election.stop_task());
         if started {
             drop(self.election.lock.holds().end_all(LossReason::LatchClosed));
         }
@@ -732,16 +790,19 @@ fn elected(leadership: &LockGuard) -> LatchEvent {
     }
 }
 
-/// A started latch's first term in the election: queue, then hand the leadership over and leave
-/// the rest of the election to [`serve`] (Curator's `start()`).
+/// A started latch's task: queues, then hands the leadership over and ends (Curator's `start()`,
+/// and `reset()` after a loss: see [`rejoin`]).
 ///
-/// This task is the latch's only one while it queues and ends at the grant, so the acquire's
-/// state lives in it, not in a box of its own: what a burst of latches allocates while they queue
-/// is freed as whole tasks, and the task that lives as long as the latch is allocated at the grant
-/// (issue 24: a latch's resident memory in a burst).
+/// The task lives only while the latch queues, so the acquire's state lives in it, not in a box
+/// of its own: what a burst of latches allocates while they queue is freed as whole tasks at the
+/// grant, and nothing of the latch's is allocated then (issue 24: a latch's resident memory in a
+/// burst).
 async fn elect(election: Arc<Election>) {
-    if let Some(leadership) = queue(&election).await {
-        hand_over(&election, leadership, true);
+    match queue(&election).await {
+        Some(leadership) => hand_over(&election, leadership),
+        // Closed (`close` has taken the handle, or takes nothing), or stopped: no node of this
+        // task's is left, and no hook was set.
+        None => drop(lock(&election.task).task.take()),
     }
 }
 
@@ -777,52 +838,56 @@ async fn queue(election: &Election) -> Option<LockGuard> {
     }
 }
 
-/// A started latch's election after its first grant, for as long as it is started: lead until the
-/// leadership is lost, queue again (Curator's `reset()` after a loss), and so on.
-///
-/// The task lives as long as the latch and spends its life in the wait for a loss, so that wait
-/// keeps little beside the loss signal's future (issue 24): the leadership's event and guard are
-/// handed over before it, and the queueing after a loss is boxed (the acquire's state is large).
-async fn serve(election: Arc<Election>, mut signal: LossSignal) {
-    loop {
-        let reason = signal.lost().await;
-        warn!(election = election.lock.path(), %reason, "leadership lost; queueing again");
-        let lost = election.update(|state| {
-            state.emit(&LatchEvent::NotLeader { reason });
-            state.leadership.take()
-        });
-        // Its node was deleted with the loss (or with the session); released here all the same.
-        drop(lost);
-        let Some(leadership) = Box::pin(queue(&election)).await else { return };
-        match hand_over(&election, leadership, false) {
-            Some(next) => signal = next,
-            None => return,
+/// A started latch's leadership was lost (its hook, [`Election`]'s [`LossHook`]): tell the
+/// subscribers, let the guard go, and queue again at the end (Curator's `reset()`).
+async fn rejoin(election: Arc<Election>, reason: LossReason) {
+    let lost = election.update(|state| {
+        if !matches!(state.phase, Phase::Started) {
+            return None; // closed (which told `NotLeader` and took the guard) or stopped
         }
-    }
+        // The hook is set on the leadership in `state` only, and told once, so this is it.
+        let lost = state.leadership.take()?;
+        state.emit(&LatchEvent::NotLeader { reason });
+        Some(lost)
+    });
+    let Some(lost) = lost else {
+        drop(lock(&election.task).task.take());
+        return;
+    };
+    warn!(election = election.lock.path(), %reason, "leadership lost; queueing again");
+    // Its node was deleted with the loss (or with the session); released here all the same.
+    drop(lost);
+    elect(election).await;
 }
 
-/// Hands a started latch's new `leadership` to its state and tells its subscribers. The first
-/// grant also starts [`serve`], as the latch's task (under the state's lock: `close`, which takes
-/// the task under it, stops whichever runs). Returns the leadership's loss signal, or `None` (the
-/// leadership dropped: stepped down) if the latch was closed while the grant came in.
-fn hand_over(election: &Arc<Election>, leadership: LockGuard, first: bool) -> Option<LossSignal> {
+/// Hands a started latch's new `leadership` to its state, tells its subscribers, and sets the
+/// leadership's loss hook ([`rejoin`]), unless the latch was closed while the grant came in (then
+/// the leadership is dropped: stepped down). Called by the latch's task, which ends with it.
+fn hand_over(election: &Arc<Election>, leadership: LockGuard) {
     info!(election = election.lock.path(), node = leadership.lock_path(), fencing_token = %leadership.fencing_token(), "leadership taken");
     let event = elected(&leadership);
-    let signal = leadership.loss_signal();
-    let kept = election.update(|state| {
+    // This task's handle goes first (freeing the task as soon as it ends): once the hook is set
+    // below, a loss may start the next task at once, whose handle must stay. (A `close` that took
+    // it already has aborted this task: it ends at its next `.await`, and there is none.)
+    drop(lock(&election.task).task.take());
+    let hook = Arc::downgrade(election) as Weak<dyn LossHook>;
+    let lost_already = election.update(|state| {
         if !matches!(state.phase, Phase::Started) {
-            // Closed while the grant came in: step down at once (dropped with `kept`).
+            // Closed while the grant came in: step down at once (dropped with the closure's
+            // output, outside the lock).
             return Err(leadership);
         }
         state.emit(&event);
+        let lost = leadership.on_lost(hook);
         state.leadership = Some(leadership);
-        if first {
-            let serving = serve(election.clone(), signal.clone()).instrument(tracing::Span::current());
-            state.task = Some(tokio::spawn(serving));
-        }
-        Ok(())
+        Ok(lost)
     });
-    kept.ok().map(|()| signal)
+    match lost_already {
+        // Lost before the hook was set (told, so it would never be called): queue again now.
+        Ok(Some(reason)) => election.clone().lost(reason),
+        Ok(None) => {},
+        Err(stepped_down) => drop(stepped_down),
+    }
 }
 
 /// Runs a leader again and again: Curator's `LeaderSelector` with `autoRequeue`.

@@ -486,7 +486,7 @@ pub(crate) struct HoldFeed {
     policy: LossPolicy,
     /// Deletes the node through the recipe's own client (its chroot) when the hold is lost.
     cleanup: Arc<Cleanup>,
-    state: Mutex<LockState>,
+    state: Mutex<Told>,
     /// Notified on every change of `state`.
     changed: Notify,
     /// Set when the owner released the hold (before the node's delete is sent): from then on
@@ -494,6 +494,31 @@ pub(crate) struct HoldFeed {
     released: AtomicBool,
     /// Whether the watch on our own node was started.
     watching: AtomicBool,
+}
+
+/// What a hold was told, and who is told once it is lost.
+#[derive(Debug)]
+struct Told {
+    state: LockState,
+    /// Called once when the hold is newly lost ([`HoldFeed::on_lost`]); taken when called.
+    on_lost: Option<Weak<dyn LossHook>>,
+}
+
+/// Told once when a hold is newly lost (see [`HoldFeed::on_lost`]): how an owner that must act
+/// on a loss (a started [`LeaderLatch`](crate::LeaderLatch) queues again) does so without a
+/// task of its own waiting for it (issue 24).
+pub(crate) trait LossHook: Send + Sync {
+    /// The hold was lost for `reason`. Called after the hold's state was set and its waiters
+    /// woken, on whatever thread told it — the session monitor's task, the lease timers' task,
+    /// or a caller reading a hold's state, which may hold any lock of its own and be outside a
+    /// runtime: so it only schedules work, and takes no lock that such a caller may hold.
+    fn lost(self: Arc<Self>, reason: LossReason);
+}
+
+impl std::fmt::Debug for dyn LossHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LossHook")
+    }
 }
 
 impl std::fmt::Debug for HoldFeed {
@@ -519,7 +544,34 @@ impl HoldFeed {
 
     /// The state as last told (no re-evaluation, no side effects).
     pub(crate) fn current(&self) -> LockState {
-        *lock(&self.state)
+        lock(&self.state).state
+    }
+
+    /// Calls `hook` once when the hold is newly lost (told `Lost` by the monitor, its own-node
+    /// watch, a close, or its owner ending it: [`Session::relinquish`]). Not called for a hold
+    /// released first, nor when a loss is only refined. Returns the reason, and keeps no hook,
+    /// if the hold was already told it is lost (it will not be again); replaces an earlier hook.
+    pub(crate) fn on_lost(&self, hook: Weak<dyn LossHook>) -> Option<LossReason> {
+        let mut told = lock(&self.state);
+        match told.state {
+            LockState::Lost(reason) => Some(reason),
+            _ => {
+                told.on_lost = Some(hook);
+                None
+            },
+        }
+    }
+
+    /// Wakes whoever waits for a change and, if the hold was newly lost, calls its hook (taken
+    /// under the state's lock, so at most once).
+    fn changed(&self, newly_lost: Option<LossReason>) {
+        self.changed.notify_waiters();
+        if let Some(reason) = newly_lost {
+            let hook = lock(&self.state).on_lost.take();
+            if let Some(hook) = hook.and_then(|hook| hook.upgrade()) {
+                hook.lost(reason);
+            }
+        }
     }
 
     /// Whether the owner released the hold.
@@ -531,26 +583,31 @@ impl HoldFeed {
     /// lost.
     fn tell(&self, new: LockState) -> bool {
         let newly_lost = {
-            let mut current = lock(&self.state);
-            if *current == new || self.is_released() {
+            let mut told = lock(&self.state);
+            if told.state == new || self.is_released() {
                 return false;
             }
-            let newly_lost = match (*current, new) {
+            let newly_lost = match (told.state, new) {
                 (LockState::Lost(from), LockState::Lost(to)) if refines(from, to) => false,
                 (LockState::Lost(_), _) => return false,
                 (_, new) => matches!(new, LockState::Lost(_)),
             };
-            debug!(lock_node = &*self.path, from = ?*current, to = ?new, "lock state");
-            *current = new;
+            debug!(lock_node = &*self.path, from = ?told.state, to = ?new, "lock state");
+            told.state = new;
             newly_lost
         };
-        if let (true, LockState::Lost(reason)) = (newly_lost, new) {
-            warn!(lock_node = &*self.path, %reason, "lock lost");
-            crate::metrics::lost(reason);
-        }
-        // Waiters are woken last, when everything the loss entails has been recorded.
-        self.changed.notify_waiters();
-        newly_lost
+        let newly_lost = match (newly_lost, new) {
+            (true, LockState::Lost(reason)) => {
+                warn!(lock_node = &*self.path, %reason, "lock lost");
+                crate::metrics::lost(reason);
+                Some(reason)
+            },
+            _ => None,
+        };
+        // Waiters are woken last, when everything the loss entails has been recorded; then the
+        // hook is told.
+        self.changed(newly_lost);
+        newly_lost.is_some()
     }
 
     /// Tells the hold its verdict; a hold lost to the connection or the deadline gives up its
@@ -743,7 +800,7 @@ impl Session {
             path: path.clone(),
             policy,
             cleanup: cleanup.clone(),
-            state: Mutex::new(LockState::Held),
+            state: Mutex::new(Told { state: LockState::Held, on_lost: None }),
             changed: Notify::new(),
             released: AtomicBool::new(false),
             watching: AtomicBool::new(own_watch.is_some()),
@@ -865,13 +922,17 @@ impl Session {
     /// may be gone. Not counted as a loss (metrics, `lock lost` log): the owner chose it.
     pub(crate) fn relinquish(&self, feed: &HoldFeed, reason: LossReason) {
         self.release(feed);
-        {
-            let mut current = lock(&feed.state);
-            if !matches!(*current, LockState::Lost(_)) {
-                *current = LockState::Lost(reason);
+        let newly_lost = {
+            let mut told = lock(&feed.state);
+            match told.state {
+                LockState::Lost(_) => None,
+                _ => {
+                    told.state = LockState::Lost(reason);
+                    Some(reason)
+                },
             }
-        }
-        feed.changed.notify_waiters();
+        };
+        feed.changed(newly_lost);
     }
 
     /// Marks the monitor running; returns what the caller must spawn, after releasing `inner`

@@ -1007,3 +1007,61 @@ async fn a_frozen_selector_leader_takes_no_step_after_its_loss_deadline() {
     run.abort();
     let _ = run.await;
 }
+
+/// A started latch whose leadership's lease runs out is told `NotLeader(LeaseExpired)` and queues
+/// again by itself, as after any other loss: it leads again with a new node and a larger fencing
+/// token, and again loses that leadership to its lease. (The lease's end is told to the latch by
+/// the session — the hold ended by its owner — not by a task waiting on the loss.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_latch_whose_lease_runs_out_queues_again() {
+    let path = unique_path("latch-lease-requeue");
+    let session = client().await;
+    let latch =
+        LeaderLatch::builder(session.clone(), &path).id("leased").lease(Duration::from_millis(600)).build().unwrap();
+    let mut events = latch.subscribe();
+    latch.start().unwrap();
+    let mut terms = Vec::new();
+    while terms.len() < 3 {
+        let Some(LatchEvent::Elected { fencing_token, lock_path, .. }) = next(&mut events).await else {
+            panic!("elected (term {})", terms.len() + 1)
+        };
+        let event = next(&mut events).await;
+        assert!(matches!(event, Some(LatchEvent::NotLeader { reason: LossReason::LeaseExpired })), "{event:?}");
+        terms.push((fencing_token, lock_path));
+    }
+    assert!(terms.windows(2).all(|pair| pair[1].0 > pair[0].0), "fencing tokens grow: {terms:?}");
+    assert!(terms.windows(2).all(|pair| pair[1].1 != pair[0].1), "a new node each term: {terms:?}");
+    latch.close().await.unwrap();
+    assert_no_nodes_left_while_open(&client().await, &path, &[session], Duration::from_secs(5)).await;
+}
+
+/// A started latch runs a task only while it queues (issue 24: a task per latch was 512 B of
+/// every leading latch's memory): fifty latches leading on one session leave no task of theirs
+/// alive. (Counted on this test's runtime, where the latches' and the session's tasks run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leading_latches_keep_no_task() {
+    let session = client().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    // The session's own tasks (monitor, own-node watches) started by a first leadership.
+    let first = LeaderLatch::builder(session.clone(), unique_path("latch-no-task")).build().unwrap();
+    first.start().unwrap();
+    drop(first.await_leadership().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = metrics.num_alive_tasks();
+    let latches: Vec<LeaderLatch> =
+        (0..50).map(|_| LeaderLatch::builder(session.clone(), unique_path("latch-no-task")).build().unwrap()).collect();
+    for latch in &latches {
+        latch.start().unwrap();
+    }
+    for latch in &latches {
+        drop(tokio::time::timeout(Duration::from_secs(20), latch.await_leadership()).await.expect("leads").unwrap());
+    }
+    // The own-node watches are set 100 ms after the grants: by the session's one task.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leading = metrics.num_alive_tasks();
+    assert!(latches.iter().all(LeaderLatch::has_leadership));
+    assert!(leading < before + 10, "{leading} tasks alive with 50 latches leading, {before} with one");
+    for latch in latches.iter().chain([&first]) {
+        latch.close().await.unwrap();
+    }
+}
