@@ -855,7 +855,8 @@ async fn rejoin(election: Arc<Election>, reason: LossReason) {
         return;
     };
     warn!(election = election.lock.path(), %reason, "leadership lost; queueing again");
-    // Its node was deleted with the loss (or with the session); released here all the same.
+    // Its node is gone or going (deleted with the loss, or the session); released here all the
+    // same, which deletes it if it is still there (a monitor stopped with its runtime).
     drop(lost);
     elect(election).await;
 }
@@ -1089,6 +1090,11 @@ fn retry_may_fix(err: &Error) -> bool {
     match err {
         Error::ZooKeeper { source, .. } => transient(source),
         Error::LockNodeDeleted { .. } => true,
+        // Granted, and lost before the acquire returned: a lease that ran out between the grant
+        // and the lease's start (a lease shorter than a preemption; review AE), the node deleted
+        // meanwhile. A leadership lost like any other: queue again (a plain client's ended
+        // session then fails the next acquire with `SessionLost`).
+        Error::LockLost { .. } => true,
         // The directory is deleted by the server once empty (a container): a fresh counter.
         Error::SequenceWrapped { .. } => true,
         _ => false,

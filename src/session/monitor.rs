@@ -509,9 +509,11 @@ struct Told {
 /// task of its own waiting for it (issue 24).
 pub(crate) trait LossHook: Send + Sync {
     /// The hold was lost for `reason`. Called after the hold's state was set and its waiters
-    /// woken, on whatever thread told it — the session monitor's task, the lease timers' task,
-    /// or a caller reading a hold's state, which may hold any lock of its own and be outside a
-    /// runtime: so it only schedules work, and takes no lock that such a caller may hold.
+    /// woken, on whatever thread told it — the session monitor's task (or its guard, dropped as
+    /// its runtime shuts down), the own-node watch driver, the lease timers' task, a close (of a
+    /// latch, of a managed client), or a caller reading a hold's state, which may hold any lock
+    /// of its own and be outside a runtime: so it only schedules work, and takes no lock that
+    /// such a caller may hold.
     fn lost(self: Arc<Self>, reason: LossReason);
 }
 
@@ -548,9 +550,10 @@ impl HoldFeed {
     }
 
     /// Calls `hook` once when the hold is newly lost (told `Lost` by the monitor, its own-node
-    /// watch, a close, or its owner ending it: [`Session::relinquish`]). Not called for a hold
-    /// released first, nor when a loss is only refined. Returns the reason, and keeps no hook,
-    /// if the hold was already told it is lost (it will not be again); replaces an earlier hook.
+    /// watch, a close, or its owner ending it: [`Session::relinquish`]). Never called once the
+    /// hold was released cleanly ([`Session::release`]: nothing is a loss from then on), nor when
+    /// a loss is only refined. Returns the reason, and keeps no hook, if the hold was already told
+    /// it is lost (it will not be again); replaces an earlier hook.
     pub(crate) fn on_lost(&self, hook: Weak<dyn LossHook>) -> Option<LossReason> {
         let mut told = lock(&self.state);
         match told.state {
@@ -604,8 +607,8 @@ impl HoldFeed {
             },
             _ => None,
         };
-        // Waiters are woken last, when everything the loss entails has been recorded; then the
-        // hook is told.
+        // Waiters are woken, then the hook told, once the state is recorded. (A hold lost to its
+        // connection or its deadline has its node's delete queued after this, by `apply`.)
         self.changed(newly_lost);
         newly_lost.is_some()
     }

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod review_ae_latch_hook;
 mod review_b;
 mod review_d;
 mod review_e_cancel;
