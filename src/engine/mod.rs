@@ -169,7 +169,8 @@ pub(crate) struct LockInternals {
     client: RecipeClient,
     dir: String,
     node_data: Vec<u8>,
-    acls: Vec<zk::Acl>,
+    /// The nodes' ACLs (shared with every lock of the client that sets none of its own).
+    acls: Arc<[zk::Acl]>,
     /// When a lost connection means a lost lock, for the holds granted here.
     loss_policy: LossPolicy,
     /// The smallest session timeout any server may negotiate, if the application stated one
@@ -191,7 +192,7 @@ impl LockInternals {
         client: RecipeClient,
         dir: String,
         node_data: Vec<u8>,
-        acls: Vec<zk::Acl>,
+        acls: Arc<[zk::Acl]>,
         loss_policy: LossPolicy,
         min_session_timeout: Option<Duration>,
     ) -> LockInternals {

@@ -248,7 +248,7 @@ impl<R> LockBuilder<R> {
         };
         refuse_reserved(&self.path, &format!("{chroot}{}", self.path))?;
         let limit = self.max_request_bytes;
-        let acls = self.acls.unwrap_or_else(|| self.client.default_acls());
+        let acls = self.acls.map_or_else(|| self.client.default_acls(), std::sync::Arc::from);
         // Each ACL: its permissions, and the scheme and id with their lengths.
         let acl_size: usize = acls.iter().map(|acl| 12 + acl.scheme().len() + acl.id().len()).sum();
         // The path the server receives: chroot, lock path, '/', node name.
