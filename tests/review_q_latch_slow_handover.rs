@@ -1,8 +1,9 @@
 //! Review Q (`92da35d`): a close or a drop that lands *inside* a grant's handover, deterministically.
 //! `hand_over` logs "leadership taken" before it takes the state's lock; this binary's log writer
 //! stalls that line for 80 ms, so the grant is in hand (the hold registered, the node created) and
-//! the handover not yet done — the window between the acquire's end and the spawn of `serve` (the
-//! first grant) or its next loss signal (a re-queue's grant). The close or drop is issued in that
+//! the handover not yet done — the window between the acquire's end and the setting of the
+//! leadership's loss hook (`hand_over`: the first grant, or a re-queue's; until `a802210`, the spawn
+//! of `serve` or its next loss signal). The close or drop is issued in that
 //! window, from the test's thread. Whatever the grant, afterwards: `close` returns `Ok` with no node
 //! left (session open) — or, dropped, none soon after —, no node appears later (nothing keeps the
 //! election running), the subscriber saw no `Elected` after `NotLeader(LatchClosed)`, and a waiter
@@ -94,7 +95,7 @@ async fn a_close_or_drop_inside_the_handover_leaves_nothing() {
             // was read, and the wait for one more timed out).
             hits = stall.hits.load(Ordering::SeqCst) + 1;
             *stall.path.lock().unwrap() = Some(path.clone());
-            // Lost (node deleted): `serve` queues again alone, and its grant's handover stalls.
+            // Lost (node deleted): `rejoin` queues again alone, and its grant's handover stalls.
             observer.delete(leadership.lock_path(), None).await.unwrap();
             drop(leadership);
         }

@@ -1,6 +1,6 @@
 //! Review Q (`92da35d`): a started latch on a `ManagedClient` rejoins after an expiry in both of its
 //! tasks' lives — while its first term queues (`elect`, before any grant) and, twice, while it
-//! leads (`serve`'s re-queue, boxed) — each time on the new session, and `close` then leaves
+//! leads (then `serve`'s re-queue, boxed; since `a802210` the loss's `rejoin`) — each time on the new session, and `close` then leaves
 //! nothing while the session is open.
 
 use crate::common;
@@ -47,7 +47,7 @@ async fn a_managed_latch_rejoins_after_expiries_in_its_first_term_and_while_serv
     let leadership = tokio::time::timeout(Duration::from_secs(10), latch.await_leadership()).await.unwrap().unwrap();
     assert!(matches!(events.next().await, Some(LatchEvent::Elected { .. })));
 
-    // 2. and 3. Expiries while leading: `serve` queues again on each new session and leads again.
+    // 2. and 3. Expiries while leading: `rejoin` queues again on each new session and leads again.
     let mut leadership = leadership;
     for term in 0..2 {
         session = managed.client().session_id().0;

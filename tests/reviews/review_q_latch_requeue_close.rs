@@ -1,6 +1,7 @@
 //! Review Q (`92da35d`: the first term in `elect`, the rest in `serve`, spawned at the first grant
-//! under the state's lock). A close or a drop swept across a re-queue after a loss — the loss
-//! being handled, the re-queue's create, its second grant (`hand_over(.., false)` racing the close)
+//! under the state's lock; since `a802210` no task runs while the latch leads, and a loss starts
+//! `rejoin`, which queues again through `elect`). A close or a drop swept across a re-queue after a loss — the loss
+//! being handled, the re-queue's create, its second grant (`hand_over` racing the close)
 //! — and across the first term (a drop). Whatever it met:
 //! - `close` returns `Ok` with no node of the latch left (its session open), and no node of it
 //!   appears afterwards (the election is not kept running by a task `close` missed);
@@ -33,7 +34,7 @@ fn spin(delay: Duration) {
 }
 
 /// Alone in the election, the latch leads, its node is deleted by another session, and it queues
-/// again and leads again at once (the second grant, `serve`'s handover): `close` is issued at
+/// again and leads again at once (the second grant, `rejoin`'s handover): `close` is issued at
 /// delays swept across that re-queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_racing_the_requeue_and_its_grant_leaves_nothing() {
@@ -79,7 +80,7 @@ async fn a_close_racing_the_requeue_and_its_grant_leaves_nothing() {
     println!("60 closes across a re-queue: {regranted} after the second grant");
 }
 
-/// Queued behind another leader after a loss (the re-queue waits in `serve`): `close` and the
+/// Queued behind another leader after a loss (the re-queue waits in `rejoin`): `close` and the
 /// drop of the last clone at swept delays after the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_or_drop_while_requeued_behind_another_leader_leaves_nothing() {
