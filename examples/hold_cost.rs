@@ -59,8 +59,9 @@ struct Published {
 const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
 /// Locks taken all at once (`BURST=1`): about the same heap, and a little more resident memory —
 /// the pages the acquires' transient allocations shared with the holds' records (issue 24 asks
-/// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 1.96–2.09 KB since).
-const BURST: Published = Published { heap: 1_700, rss: 2_100 };
+/// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 1.96–2.09 KB since,
+/// 1.87–1.98 KB since locks share their client's default ACLs).
+const BURST: Published = Published { heap: 1_650, rss: 2_000 };
 /// Started leader latches' leaderships taken all at once (`RECIPE=latch BURST=1`): the latch (about
 /// 350 B) beside the hold (5.8–6.1 KB resident before a session's creates in flight were bounded,
 /// 4.0–4.6 KB since; 2.30–2.37 KB since a leading latch runs no task and is started where its
@@ -68,15 +69,17 @@ const BURST: Published = Published { heap: 1_700, rss: 2_100 };
 const LATCH_BURST: Published = Published { heap: 2_050, rss: 2_400 };
 /// Mutexes taken all at once from a worker (`BURST=1 SPAWN=worker`): the same heap, and the
 /// acquires' tasks freed among the holds' records (4.9 KB before the holds' and feeds' slab;
-/// 4.1–4.4 KB with it; 2.5–2.9 KB since a session's creates in flight are bounded).
-const BURST_FROM_WORKER: Published = Published { heap: 1_700, rss: 2_800 };
+/// 4.1–4.4 KB with it; 2.5–2.9 KB since a session's creates in flight are bounded; 2.3–2.7 KB
+/// since, with shared ACLs).
+const BURST_FROM_WORKER: Published = Published { heap: 1_650, rss: 2_600 };
 /// Read locks taken all at once (`RECIPE=read BURST=1`): the read/write lock's second kind (its
-/// holds' table, its entry rule) beside a mutex hold's records (2.07–2.31 KB resident).
-const READ_BURST: Published = Published { heap: 1_780, rss: 2_300 };
+/// holds' table, its entry rule) beside a mutex hold's records (2.07–2.31 KB resident; 2.06–2.10
+/// KB with shared ACLs).
+const READ_BURST: Published = Published { heap: 1_740, rss: 2_100 };
 /// Mutex holds with an hour's lease taken all at once (`RECIPE=lease BURST=1`): the lease's record
 /// and its entry in the session's timers beside the hold (2.14–2.20 KB resident since the timers
-/// are the session's, 2.73–2.80 KB with a task per lease).
-const LEASE_BURST: Published = Published { heap: 1_850, rss: 2_200 };
+/// are the session's, 2.73–2.80 KB with a task per lease; 2.04–2.12 KB with shared ACLs).
+const LEASE_BURST: Published = Published { heap: 1_800, rss: 2_150 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch, once
 /// the session guesses new lock paths missing (`src/engine/directory_guess.rs`): the `multi` that
 /// makes the directory with the node, the listing behind it, the watch's `getData`.
