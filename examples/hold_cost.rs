@@ -60,7 +60,7 @@ const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
 /// Locks taken all at once (`BURST=1`): about the same heap, and a little more resident memory —
 /// the pages the acquires' transient allocations shared with the holds' records (issue 24 asks
 /// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 1.96–2.09 KB since,
-/// 1.87–1.98 KB since locks share their client's default ACLs).
+/// 1.87–2.04 KB since locks share their client's default ACLs).
 const BURST: Published = Published { heap: 1_650, rss: 2_000 };
 /// Started leader latches' leaderships taken all at once (`RECIPE=latch BURST=1`): the latch (about
 /// 350 B) beside the hold (5.8–6.1 KB resident before a session's creates in flight were bounded,
