@@ -29,6 +29,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -112,34 +113,42 @@ static LATCH_DRIVER: StandardDriver = StandardDriver { queue: LATCH_QUEUE, kind:
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
 pub struct LeaderLatch {
-    inner: Arc<LatchHandle>,
+    /// Shared with the latch's task and its leadership's loss hook, which do not count as clones:
+    /// the last clone's drop ends a started latch's election ([`Election::handles`]).
+    election: Arc<Election>,
+}
+
+impl Clone for LeaderLatch {
+    fn clone(&self) -> LeaderLatch {
+        // As `Arc`'s own count: the clone is made from a live one, so the count cannot reach zero
+        // meanwhile.
+        self.election.handles.fetch_add(1, Ordering::Relaxed);
+        LeaderLatch { election: self.election.clone() }
+    }
 }
 
 impl std::fmt::Debug for LeaderLatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaderLatch")
             .field("path", &self.path())
-            .field("phase", &lock(&self.inner.election.state).phase)
+            .field("phase", &lock(&self.election.state).phase)
             .field("has_leadership", &self.has_leadership())
             .finish_non_exhaustive()
     }
 }
 
-/// The latch as its clones share it: dropped with the last clone, which ends a started latch's
-/// election (its task, and the loss hook of its leadership, hold only the [`Election`], so they
-/// cannot keep it alive).
-struct LatchHandle {
-    election: Arc<Election>,
+/// The latch, as its clones, its task and its leadership's loss hook share it.
+struct Election {
+    /// How many clones of the latch are alive. The last one's drop ends a started latch's
+    /// election; the task and the hook, which hold the election but are no clones, cannot keep it
+    /// going. A count here rather than a record the clones share: one allocation less per latch
+    /// (issue 24).
+    handles: AtomicUsize,
     /// The outcome of the latch's close once its work is done (`None` until then): every `close`
     /// call, the first, concurrent ones and those retried after a cancelled one, returns it.
     /// Made by the first `close` (a channel is 400 B, and most latches are never closed; issue 24).
     closed: OnceLock<Arc<watch::Sender<Option<Result<()>>>>>,
-}
-
-/// What the election task shares with the latch.
-struct Election {
     lock: InterProcessMutex,
     state: Mutex<LatchState>,
     /// Notified after every change of `state` (wakes `await_leadership`). Inline: a `watch`
@@ -186,7 +195,8 @@ struct LatchState {
 enum Phase {
     Latent,
     Started,
-    Stopped(Error),
+    /// Boxed: an error is 72 B, and a latch that never stops would carry it (issue 24).
+    Stopped(Box<Error>),
     Closed,
 }
 
@@ -320,12 +330,14 @@ impl LockBuilder<LeaderLatch> {
             next_one_shot: 0,
         };
         let election = Arc::new(Election {
+            handles: AtomicUsize::new(1),
+            closed: OnceLock::new(),
             lock,
             state: Mutex::new(state),
             changed: Notify::new(),
             task: Mutex::new(TaskSlot::default()),
         });
-        Ok(LeaderLatch { inner: Arc::new(LatchHandle { election, closed: OnceLock::new() }) })
+        Ok(LeaderLatch { election })
     }
 }
 
@@ -352,7 +364,7 @@ impl LeaderLatch {
     }
 
     fn lock(&self) -> &InterProcessMutex {
-        &self.inner.election.lock
+        &self.election.lock
     }
 
     fn state_error(&self, reason: &'static str) -> Error {
@@ -372,7 +384,7 @@ impl LeaderLatch {
     /// [`Error::Runtime`] outside a tokio runtime with timers.
     pub fn start(&self) -> Result<()> {
         check_runtime()?;
-        let election = &self.inner.election;
+        let election = &self.election;
         let started = election.update(|state| {
             if !matches!(state.phase, Phase::Latent) {
                 return Err(self.state_error("a LeaderLatch is started once (as Curator's); build a new one"));
@@ -404,7 +416,7 @@ impl LeaderLatch {
     /// while waiting); the error that stopped it ([`Error::SessionLost`] for a plain client's
     /// expired session, see [`LatchEvent::Stopped`]).
     pub async fn await_leadership(&self) -> Result<LockGuard> {
-        let election = &self.inner.election;
+        let election = &self.election;
         loop {
             // Registered before the state is read: a change in between wakes it (`update` notifies
             // after changing the state).
@@ -416,7 +428,7 @@ impl LeaderLatch {
                 match &state.phase {
                     Phase::Latent => return Err(self.state_error("not started: call start() first")),
                     Phase::Closed => return Err(self.state_error("closed: it left the election")),
-                    Phase::Stopped(err) => return Err(err.clone()),
+                    Phase::Stopped(err) => return Err((**err).clone()),
                     Phase::Started => {},
                 }
                 // `None` once the leadership is lost, before the task takes it away.
@@ -450,7 +462,7 @@ impl LeaderLatch {
     /// it stops. Reports a started latch's leaderships only (not one-shot acquires).
     pub fn subscribe(&self) -> LatchEvents {
         let (sender, events) = mpsc::unbounded_channel();
-        let mut state = lock(&self.inner.election.state);
+        let mut state = lock(&self.election.state);
         match &state.phase {
             Phase::Latent | Phase::Started => {
                 if let Some(leadership) = &state.leadership {
@@ -459,7 +471,7 @@ impl LeaderLatch {
                 state.listeners.push(sender);
             },
             Phase::Stopped(error) => {
-                let _ = sender.send(LatchEvent::Stopped { error: error.clone() });
+                let _ = sender.send(LatchEvent::Stopped { error: (**error).clone() });
             },
             Phase::Closed => {},
         }
@@ -490,9 +502,9 @@ impl LeaderLatch {
     /// listing of the election path ([`Error::ZooKeeper`], [`Error::NoAuth`]) with which the delete
     /// of a queued node is confirmed. A dead session is no error: its nodes are gone with it.
     pub async fn close(&self) -> Result<()> {
-        let closed = self.inner.closed.get_or_init(|| Arc::new(watch::Sender::new(None)));
+        let closed = self.election.closed.get_or_init(|| Arc::new(watch::Sender::new(None)));
         let mut outcome = closed.subscribe();
-        let election = &self.inner.election;
+        let election = &self.election;
         let first = election.update(|state| {
             if matches!(std::mem::replace(&mut state.phase, Phase::Closed), Phase::Closed) {
                 return None;
@@ -584,7 +596,7 @@ impl LeaderLatch {
         &self,
         acquire: impl Future<Output = Result<L>> + Send + 'static,
     ) -> Result<L> {
-        let election = &self.inner.election;
+        let election = &self.election;
         let slot = Arc::new(Mutex::new(OneShotSlot::<L> { attempt: Some(Box::pin(acquire)), waker: None }));
         let _registered = {
             let mut state = lock(&election.state);
@@ -676,11 +688,16 @@ impl LeaderLatch {
     }
 }
 
-impl Drop for LatchHandle {
+impl Drop for LeaderLatch {
     /// The last clone of the latch is gone: a started latch leaves the election in the background
     /// (its task is stopped, which deletes a queued node; its leadership's node is deleted), and
     /// its subscribers are told `NotLeader(LatchClosed)` if it led, as by `close`.
     fn drop(&mut self) {
+        // As `Arc`'s own count: the last clone sees every other clone's drop before it ends the
+        // election.
+        if self.election.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         let (leadership, started) = {
             let mut state = lock(&self.election.state);
             let started = matches!(state.phase, Phase::Started);
@@ -827,7 +844,7 @@ async fn queue(election: &Election) -> Option<LockGuard> {
                 warn!(election = election.lock.path(), %error, "leader latch stopped: it cannot rejoin the election");
                 election.update(|state| {
                     if matches!(state.phase, Phase::Started) {
-                        state.phase = Phase::Stopped(error.clone());
+                        state.phase = Phase::Stopped(Box::new(error.clone()));
                     }
                     state.emit(&LatchEvent::Stopped { error });
                     state.listeners.clear();

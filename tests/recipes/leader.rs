@@ -874,6 +874,37 @@ async fn a_dropped_started_latch_leaves_the_election() {
     assert_no_nodes_left_while_open(&client().await, &path, &[session], Duration::from_secs(5)).await;
 }
 
+/// A latch's clones share it: dropping one (also the original) while another lives changes
+/// nothing — the leader keeps its leadership and the queued latch its place — and only the last
+/// clone's drop leaves the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_one_clone_of_a_started_latch_keeps_it_in_the_election() {
+    let path = unique_path("latch-clone-dropped");
+    let session = client().await;
+    let leader = LeaderLatch::builder(session.clone(), &path).id("leader").build().unwrap();
+    leader.start().unwrap();
+    let leadership = leader.await_leadership().await.unwrap();
+    let queued = LeaderLatch::builder(session.clone(), &path).id("queued").build().unwrap();
+    queued.start().unwrap();
+    eventually(Duration::from_secs(5), "queued", || async { leader.participants().await.unwrap().len() == 2 }).await;
+    let (leader_clone, queued_clone) = (leader.clone(), queued.clone());
+    drop(leader);
+    drop(queued_clone);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(leadership.state(), LockState::Held, "dropping one clone stepped the leader down");
+    assert!(leader_clone.has_leadership());
+    assert_eq!(leader_clone.participants().await.unwrap().len(), 2, "dropping one clone left the election");
+    // The queued latch still queues: it leads once the leader steps down.
+    drop(leadership);
+    leader_clone.close().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), queued.await_leadership()).await.unwrap().unwrap();
+    assert_eq!(next.state(), LockState::Held);
+    drop(queued);
+    assert_eq!(next.state(), LockState::Lost(LossReason::LatchClosed), "the last clone's drop steps down");
+    drop(next);
+    assert_no_nodes_left_while_open(&client().await, &path, &[session], Duration::from_secs(5)).await;
+}
+
 /// Three started latches on managed clients; the leader's session is expired four times. Every
 /// leadership — the rejoined ones included — is recorded from the subscribers' events: no two
 /// overlap (a leader is told before the next is elected), fencing tokens grow, and every latch
