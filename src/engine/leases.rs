@@ -117,7 +117,7 @@ impl LockInternals {
         max_leases: usize,
         lock_node: &Arc<str>,
     ) -> Result<Vec<Grant>> {
-        let closed = || Error::Closed { path: self.dir.clone() };
+        let closed = || Error::Closed { path: self.dir.to_string() };
         if context.is_closed() {
             return Err(closed());
         }
@@ -137,7 +137,7 @@ impl LockInternals {
                 for grant in grants {
                     grant.context.session.release(&grant.feed);
                 }
-                Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+                Err(Error::SessionLost { path: self.dir.to_string(), state: context.client().state().to_string() })
             },
             result => result,
         }
@@ -146,7 +146,7 @@ impl LockInternals {
 
 impl OnSession<'_> {
     async fn attempt_leases(&self, qty: usize, max_leases: usize, lock_node: &Arc<str>) -> Result<Vec<Grant>> {
-        self.context.session.min_session_timeout(self.lock.min_session_timeout);
+        self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
         self.context.cleanup.remember_runtime();
         let mut losses = 0;
@@ -160,7 +160,7 @@ impl OnSession<'_> {
             let slot = self.context.session.create_slot().await;
             // With a lock-delay, the directory's marks, read in the round trip of our first create
             // (`delay.rs`).
-            let before = self.lock.lock_delay.map(|_| self.context.client().get_data(&self.lock.dir));
+            let before = self.lock.lock_delay_of().map(|_| self.context.client().get_data(&self.lock.dir));
             for _ in 0..qty {
                 // A GUID per node, armed before its create is sent.
                 let protection = naming::protection(&Uuid::new_v4());
@@ -180,7 +180,7 @@ impl OnSession<'_> {
                 Some(read) => Some(read.await),
                 None => None,
             };
-            if self.lock.lock_delay.is_some() {
+            if self.lock.lock_delay_of().is_some() {
                 // Until handed to the application, our lease nodes end no hold (`delay.rs`).
                 let counted = listing.as_ref().map(|listing| listing.dir_stat);
                 let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
@@ -188,7 +188,7 @@ impl OnSession<'_> {
             }
             match self.wait_for_count(&leases.0, max_leases, listing, lock_node).await? {
                 Count::Granted(counted) => {
-                    if let Some(delay) = self.lock.lock_delay {
+                    if let Some(delay) = self.lock.lock_delay_of() {
                         // The deciding listing was taken on our session after our creates: it
                         // counts the deletion of every lease that made room for ours.
                         let verdict = delay::verdict(&counted, delay::marks_before(&before));
@@ -209,13 +209,13 @@ impl OnSession<'_> {
                 },
                 Count::LockGone => {
                     debug!(lock = &**lock_node, "the internal lock's node was deleted while waiting for leases");
-                    return Err(Error::LockLost { path: self.lock.dir.clone(), reason: LossReason::NodeDeleted });
+                    return Err(Error::LockLost { path: self.lock.dir.to_string(), reason: LossReason::NodeDeleted });
                 },
                 Count::NodeGone => {
                     losses += 1;
                     debug!(dir = self.lock.dir, losses, "a lease node of ours was deleted while waiting");
                     if losses >= MAX_NODE_LOSSES {
-                        return Err(Error::LockNodeDeleted { path: self.lock.dir.clone() });
+                        return Err(Error::LockNodeDeleted { path: self.lock.dir.to_string() });
                     }
                     // What is left of them is deleted (newest first), and their pendings retired:
                     // a node whose path was known needs no search by GUID (review T). Then new
@@ -260,7 +260,7 @@ impl OnSession<'_> {
                 // The directory is gone, and our nodes with it.
                 Err(zk::Error::NoNode) => return Ok(Count::NodeGone),
                 Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
-                Err(zk::Error::NoAuth) => return Err(Error::NoAuth { op: "list", path: dir.clone() }),
+                Err(zk::Error::NoAuth) => return Err(Error::NoAuth { op: "list", path: dir.to_string() }),
                 Err(err) => return Err(Error::zk("list", dir, err)),
             };
             if !ours.iter().all(|(_, node)| names.iter().any(|name| *name == node.path[dir.len() + 1..])) {

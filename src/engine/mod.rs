@@ -167,24 +167,46 @@ enum Turn {
 #[derive(Debug)]
 pub(crate) struct LockInternals {
     client: RecipeClient,
-    dir: String,
-    node_data: Vec<u8>,
+    /// Boxed rather than a `String` (and the data a slice): every lock object keeps one, and the
+    /// capacities they would keep make the record a size class larger (issue 24).
+    dir: Box<str>,
+    node_data: Box<[u8]>,
     /// The nodes' ACLs (shared with every lock of the client that sets none of its own).
     acls: Arc<[zk::Acl]>,
     /// When a lost connection means a lost lock, for the holds granted here.
     loss_policy: LossPolicy,
     /// The smallest session timeout any server may negotiate, if the application stated one
     /// (`session/monitor.rs`, *Which T*).
-    min_session_timeout: Option<Duration>,
+    min_session_timeout: Span8,
     /// Nodes are created revocable (Curator's revocation: see `LockGuard::revoke_requested`).
     revocable: bool,
     /// Whether a waiter watches its own node, and a hold its node (see
     /// [`without_own_node_watch`](Self::without_own_node_watch)).
     watch_own_node: bool,
     /// The lease every hold of this lock gets (`LockBuilder::lease`), applied by the recipe.
-    lease: Option<Duration>,
+    lease: Span8,
     /// The lock-delay (`LockBuilder::lock_delay`, `engine/delay.rs`).
-    lock_delay: Option<Duration>,
+    lock_delay: Span8,
+}
+
+/// An `Option<Duration>` in 8 bytes instead of 16: whole nanoseconds, `u64::MAX` for none. A
+/// duration of 584 years or more is kept as `u64::MAX − 1` ns (about 584 years): a lease, a
+/// lock-delay or a session timeout floor that long means "never" all the same. Every lock object
+/// keeps three (issue 24).
+#[derive(Clone, Copy, Debug)]
+struct Span8(u64);
+
+impl Span8 {
+    fn new(duration: Option<Duration>) -> Span8 {
+        Span8(
+            duration
+                .map_or(u64::MAX, |duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX).min(u64::MAX - 1)),
+        )
+    }
+
+    fn get(self) -> Option<Duration> {
+        (self.0 != u64::MAX).then(|| Duration::from_nanos(self.0))
+    }
 }
 
 impl LockInternals {
@@ -198,33 +220,43 @@ impl LockInternals {
     ) -> LockInternals {
         LockInternals {
             client,
-            dir,
-            node_data,
+            dir: dir.into_boxed_str(),
+            node_data: node_data.into_boxed_slice(),
             acls,
             loss_policy,
-            min_session_timeout,
+            min_session_timeout: Span8::new(min_session_timeout),
             revocable: false,
             watch_own_node: true,
-            lease: None,
-            lock_delay: None,
+            lease: Span8::new(None),
+            lock_delay: Span8::new(None),
         }
     }
 
     /// The same engine with a lock-delay (see `LockBuilder::lock_delay`).
     pub(crate) fn lock_delay(mut self, delay: Option<Duration>) -> LockInternals {
-        self.lock_delay = delay;
+        self.lock_delay = Span8::new(delay);
         self
     }
 
     /// The same engine, its holds leased for `lease` (see `LockBuilder::lease`).
     pub(crate) fn lease(mut self, lease: Option<Duration>) -> LockInternals {
-        self.lease = lease;
+        self.lease = Span8::new(lease);
         self
     }
 
     /// The lease every hold of this lock gets, if any.
     pub(crate) fn hold_lease(&self) -> Option<Duration> {
-        self.lease
+        self.lease.get()
+    }
+
+    /// The lock-delay, if any (`engine/delay.rs`).
+    pub(crate) fn lock_delay_of(&self) -> Option<Duration> {
+        self.lock_delay.get()
+    }
+
+    /// The session timeout floor the application stated, if any.
+    pub(crate) fn min_session_timeout_of(&self) -> Option<Duration> {
+        self.min_session_timeout.get()
     }
 
     /// The same engine for a lock whose holder need not learn that its node was deleted by
@@ -263,7 +295,7 @@ impl LockInternals {
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         let mut context = self.context();
         loop {
-            let closed = || Error::Closed { path: self.dir.clone() };
+            let closed = || Error::Closed { path: self.dir.to_string() };
             if context.is_closed() {
                 return Err(closed());
             }
@@ -303,7 +335,7 @@ impl LockInternals {
                 // gone (or goes when the server times the session out), so is the lock.
                 Ok(Some(grant)) if context.client().state().is_terminated() => {
                     grant.context.session.release(&grant.feed);
-                    Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+                    Err(Error::SessionLost { path: self.dir.to_string(), state: context.client().state().to_string() })
                 },
                 result => result,
             };
@@ -336,7 +368,7 @@ impl LockInternals {
         context: &Arc<SessionContext>,
         wait: Wait,
     ) -> Result<Option<Grant>> {
-        let closed = || Error::Closed { path: self.dir.clone() };
+        let closed = || Error::Closed { path: self.dir.to_string() };
         if context.is_closed() {
             return Err(closed());
         }
@@ -363,7 +395,7 @@ impl LockInternals {
             // As in `attempt`: granted from replies that arrived just before the session ended.
             Ok(Some(grant)) if context.client().state().is_terminated() => {
                 grant.context.session.release(&grant.feed);
-                Err(Error::SessionLost { path: self.dir.clone(), state: context.client().state().to_string() })
+                Err(Error::SessionLost { path: self.dir.to_string(), state: context.client().state().to_string() })
             },
             result => result,
         }
@@ -402,7 +434,7 @@ impl OnSession<'_> {
     pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
         // The session monitor heartbeats while we wait, so a grant from the view has fresh
         // evidence that the session is alive (see `session/monitor.rs`).
-        self.context.session.min_session_timeout(self.lock.min_session_timeout);
+        self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
         let mut protection = naming::protection(&Uuid::new_v4());
         self.context.cleanup.remember_runtime();
@@ -418,7 +450,7 @@ impl OnSession<'_> {
             let slot = self.context.session.create_slot().await;
             // With a lock-delay, the directory's stat from before our create (sent first: one round
             // trip still; `delay.rs`).
-            let before = self.lock.lock_delay.map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
+            let before = self.lock.lock_delay_of().map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
             // The future of an acquire is as large as its largest state, and a queued waiter keeps
             // it for as long as it waits (its heap, issue 24). So the awaits of an attempt off its
             // common path (a lock-delay's reads, a listing not shared, a create's retries) are
@@ -441,9 +473,9 @@ impl OnSession<'_> {
                 let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
                 warn!(path = %node.path, "the lock directory's sequence counter is used up: refusing the node");
                 Box::pin(pending.delete_now()).await?;
-                return Err(Error::SequenceWrapped { path: self.lock.dir.clone(), name });
+                return Err(Error::SequenceWrapped { path: self.lock.dir.to_string(), name });
             }
-            if self.lock.lock_delay.is_some() {
+            if self.lock.lock_delay_of().is_some() {
                 // Until handed to the application, our node ends no hold (`delay.rs`, *Give-ups*).
                 let counted = listing.as_ref().map(|listing| listing.dir_stat);
                 let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
@@ -476,7 +508,7 @@ impl OnSession<'_> {
                     losses += 1;
                     debug!(path = &*node.path, losses, "our lock node was deleted while waiting");
                     if losses >= MAX_NODE_LOSSES {
-                        return Err(Error::LockNodeDeleted { path: self.lock.dir.clone() });
+                        return Err(Error::LockNodeDeleted { path: self.lock.dir.to_string() });
                     }
                     // Gone, as far as we can tell; should it still exist, this deletes it.
                     pending.abandon_node();
@@ -575,7 +607,7 @@ impl OnSession<'_> {
     ///
     /// Cancel safe: the pending node is armed before anything is sent.
     async fn attempt_beside(&self, driver: &dyn LockDriver, anchor: &LockNode, wait: Wait) -> Result<Option<Grant>> {
-        self.context.session.min_session_timeout(self.lock.min_session_timeout);
+        self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
         let protection = naming::protection(&Uuid::new_v4());
         self.context.cleanup.remember_runtime();
@@ -642,7 +674,7 @@ impl OnSession<'_> {
                 .map_err(|err| Error::zk("create lock node in", dir, err))?;
             // Through the close gate, as every create of ours (`SessionContext::through_gate`).
             let commit =
-                self.context.through_gate(|| writer.commit()).map_err(|_| Error::Closed { path: dir.clone() })?;
+                self.context.through_gate(|| writer.commit()).map_err(|_| Error::Closed { path: dir.to_string() })?;
             match commit.await {
                 Ok(mut results) => {
                     self.context.session.answered(sent, true);
@@ -655,7 +687,7 @@ impl OnSession<'_> {
                 // The anchor is gone: its hold is lost (or being released). Nothing was applied.
                 Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => {
                     pending.never_created();
-                    return Err(Error::LockLost { path: dir.clone(), reason: LossReason::NodeDeleted });
+                    return Err(Error::LockLost { path: dir.to_string(), reason: LossReason::NodeDeleted });
                 },
                 Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
                     pending.never_created();
@@ -699,11 +731,11 @@ impl OnSession<'_> {
         // Levels of the lock path found missing, or the directory guessed missing by this
         // session's recent creates (`directory_guess`): created with our node by the next create.
         let mut guessed = directory_guess::missing(&self.context.directory_guess);
-        let mut missing: Option<Vec<String>> = guessed.then(|| vec![self.lock.dir.clone()]);
+        let mut missing: Option<Vec<String>> = guessed.then(|| vec![self.lock.dir.to_string()]);
         // Counted as setting up among the process's acquires of this directory, which may share a
         // listing (`listing::Setup`); not with a lock-delay, whose grant reads our own session's.
         let mut setup =
-            self.lock.lock_delay.is_none().then(|| listing::Setup::begin(self.server_dir(), driver.queue()));
+            self.lock.lock_delay_of().is_none().then(|| listing::Setup::begin(self.server_dir(), driver.queue()));
         loop {
             if outcome_was_unknown {
                 // A previous create may have been applied: find it before creating again.
@@ -761,7 +793,7 @@ impl OnSession<'_> {
                 .map_err(|_| {
                     // Nothing was sent by this create (an earlier one of the attempt is looked
                     // for by the pending node, and listed by the close).
-                    Error::Closed { path: self.lock.dir.clone() }
+                    Error::Closed { path: self.lock.dir.to_string() }
                 })??;
             // Alone (or nearly) among the process's acquires of this directory, the listing is
             // pipelined right behind the create: one round trip. In a burst, most wait for their
@@ -844,13 +876,15 @@ impl OnSession<'_> {
                         zk::Error::NodeExists | zk::Error::NoNode => {},
                         err if transient(&err) => Box::pin(backoff.wait()).await,
                         zk::Error::NoAuth => {
-                            return Err(Error::NoAuth { op: "create the lock path", path: self.lock.dir.clone() })
+                            return Err(Error::NoAuth { op: "create the lock path", path: self.lock.dir.to_string() })
                         },
                         err => return Err(Error::zk("create the lock path", &self.lock.dir, err)),
                     }
                     missing = Box::pin(self.missing_levels()).await?;
                 },
-                Err(CreateError::ChrootMissing) => return Err(Error::ChrootMissing { path: self.lock.dir.clone() }),
+                Err(CreateError::ChrootMissing) => {
+                    return Err(Error::ChrootMissing { path: self.lock.dir.to_string() })
+                },
                 Err(CreateError::Node(zk::Error::NoNode)) => {
                     drop(listing);
                     if !with_levels {
@@ -859,7 +893,7 @@ impl OnSession<'_> {
                     // Most often only the directory is missing (a lock path under a parent that
                     // exists): created with our node at once. Should a level above be missing
                     // too, that `multi` fails without effect and the levels are looked up.
-                    missing = Some(vec![self.lock.dir.clone()]);
+                    missing = Some(vec![self.lock.dir.to_string()]);
                 },
                 Err(CreateError::Node(err)) if outcome_unknown(&err) => {
                     debug!(%err, "lock node create outcome unknown");
@@ -919,7 +953,7 @@ impl OnSession<'_> {
         let client = self.context.client();
         let dir = &self.lock.dir;
         let levels: Vec<&str> =
-            dir.match_indices('/').skip(1).map(|(at, _)| &dir[..at]).chain(std::iter::once(dir.as_str())).collect();
+            dir.match_indices('/').skip(1).map(|(at, _)| &dir[..at]).chain(std::iter::once(&dir[..])).collect();
         let first_missing = retry_unknown(|| async {
             let checks: Vec<_> = levels.iter().map(|level| client.check_stat(level)).collect();
             for (at, check) in checks.into_iter().enumerate() {
@@ -963,7 +997,8 @@ impl OnSession<'_> {
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&self.lock.acls));
         let mut writer = client.new_multi_writer();
         for level in levels {
-            let mode = if self.lock.lock_delay.is_some() && *level == self.lock.dir { &persistent } else { &container };
+            let mode =
+                if self.lock.lock_delay_of().is_some() && **level == *self.lock.dir { &persistent } else { &container };
             writer.add_create(level, &[], mode).map_err(|err| Error::zk("create the lock path", level, err))?;
         }
         writer
@@ -1061,7 +1096,7 @@ impl OnSession<'_> {
         };
         match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
             Decision::Acquired => {
-                if let Some(delay) = self.lock.lock_delay {
+                if let Some(delay) = self.lock.lock_delay_of() {
                     // Decided by this listing, on our session after our create: its stat counts
                     // the deletion of every node we would have waited for (`delay.rs`).
                     let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
@@ -1149,7 +1184,7 @@ impl OnSession<'_> {
                                 Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
                             }
                         }
-                        match self.lock.lock_delay {
+                        match self.lock.lock_delay_of() {
                             None => {},
                             Some(delay) => match Box::pin(self.delay_verdict(driver, &ours, before)).await? {
                                 DelayCheck::NodeGone => {
@@ -1238,7 +1273,7 @@ impl OnSession<'_> {
     }
 
     fn session_lost(&self, state: String) -> Error {
-        Error::SessionLost { path: self.lock.dir.clone(), state }
+        Error::SessionLost { path: self.lock.dir.to_string(), state }
     }
 
     fn watch(&self, path: Arc<str>) -> NodeWatch {
@@ -1303,4 +1338,25 @@ fn refused(err: &zk::Error) -> bool {
             | zk::Error::QuotaExceeded
             | zk::Error::BadArguments(_)
     ) || session_dead(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `Option<Duration>` kept in 8 bytes comes back as it went in, up to the cap.
+    #[test]
+    fn span8_keeps_a_duration() {
+        assert_eq!(Span8::new(None).get(), None);
+        for duration in
+            [Duration::ZERO, Duration::from_nanos(1), Duration::from_millis(1_500), Duration::from_secs(86_400)]
+        {
+            assert_eq!(Span8::new(Some(duration)).get(), Some(duration));
+        }
+        // Past about 584 years: kept as the cap, never as "none".
+        let cap = Duration::from_nanos(u64::MAX - 1);
+        assert_eq!(Span8::new(Some(Duration::MAX)).get(), Some(cap));
+        assert_eq!(Span8::new(Some(Duration::from_nanos(u64::MAX))).get(), Some(cap));
+        assert_eq!(std::mem::size_of::<Span8>(), 8);
+    }
 }

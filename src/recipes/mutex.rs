@@ -112,7 +112,7 @@ struct MutexInner {
     /// Who holds the lock, whom a waiter watches.
     driver: &'static dyn LockDriver,
     /// How an acquire outside this lock's own scopes enters (`None`: it queues).
-    entry: Option<Box<dyn EntryRule>>,
+    entry: Option<EntryRule>,
     /// The `recipe` label of its metrics.
     recipe: &'static str,
 }
@@ -121,9 +121,15 @@ struct MutexInner {
 /// with several: a read/write lock's read lock is granted at once beside its write node inside a
 /// scope of its write lock (the downgrade), its write lock refuses to be acquired inside a scope
 /// of its read lock.
-pub(crate) trait EntryRule: Send + Sync {
-    /// Decided when the acquire starts, in the acquiring task (where lock scopes are seen).
-    fn entry(&self) -> Result<Entry>;
+///
+/// A rule is a function of the holds of the recipe's other kind (and the lock path, for its
+/// errors), kept inline: a boxed rule object was an allocation per lock object (issue 24).
+pub(crate) struct EntryRule {
+    /// Decides the entry; called when the acquire starts, in the acquiring task (where lock scopes
+    /// are seen).
+    pub(crate) rule: fn(other: &Arc<Holds>, path: &str) -> Result<Entry>,
+    /// The holds of the recipe's other kind.
+    pub(crate) other: Arc<Holds>,
 }
 
 /// See [`EntryRule`].
@@ -199,7 +205,7 @@ impl InterProcessMutex {
         internals: Arc<LockInternals>,
         holds: Arc<Holds>,
         driver: &'static dyn LockDriver,
-        entry: Option<Box<dyn EntryRule>>,
+        entry: Option<EntryRule>,
     ) -> InterProcessMutex {
         let recipe = holds.recipe();
         InterProcessMutex { inner: Arc::new(MutexInner { internals, holds, driver, entry, recipe }) }
@@ -364,7 +370,8 @@ impl InterProcessMutex {
         }
         // Only the anchor is kept across the await (an `Entry` result would be, at its 72 bytes,
         // in every queued waiter's future).
-        let anchor = match self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| rule.entry()) {
+        let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |entry| (entry.rule)(&entry.other, self.path()));
+        let anchor = match entry {
             Ok(Entry::Queue) => None,
             Ok(Entry::Beside { anchor }) => Some(anchor),
             Err(err) => {

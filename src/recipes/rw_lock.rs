@@ -82,7 +82,6 @@ use std::sync::Arc;
 
 use crate::engine::driver::{Decision, LockDriver};
 use crate::engine::naming::{LockChild, Queue};
-use crate::engine::LockInternals;
 use crate::error::{Error, Result};
 use crate::hold::holds::Holds;
 use crate::hold::scope::scope_hold;
@@ -140,43 +139,26 @@ impl LockDriver for ReadWriteDriver {
 static READ_DRIVER: ReadWriteDriver = ReadWriteDriver { creates: READ };
 static WRITE_DRIVER: ReadWriteDriver = ReadWriteDriver { creates: WRITE };
 
-/// A read acquire: inside a write scope, a downgrade (granted at once beside the write node);
-/// outside one, refused for the task that holds the write lock (module docs, *Who may
-/// downgrade*), queued for anyone else.
-struct ReadEntry {
-    write_holds: Arc<Holds>,
-    /// For the lock path in errors (no copy of it kept per lock: issue 24).
-    internals: Arc<LockInternals>,
-}
-
-impl EntryRule for ReadEntry {
-    fn entry(&self) -> Result<Entry> {
-        match scope_hold(&self.write_holds) {
-            Some(write) => {
-                write.check_live()?;
-                Ok(Entry::Beside { anchor: write })
-            },
-            None if self.write_holds.held_by_current_owner() => {
-                Err(Error::UnscopedDowngrade { path: self.internals.dir().to_owned() })
-            },
-            None => Ok(Entry::Queue),
-        }
+/// A read acquire (its [`EntryRule`], `other` being the write lock's holds): inside a write
+/// scope, a downgrade (granted at once beside the write node); outside one, refused for the task
+/// that holds the write lock (module docs, *Who may downgrade*), queued for anyone else.
+fn read_entry(write_holds: &Arc<Holds>, path: &str) -> Result<Entry> {
+    match scope_hold(write_holds) {
+        Some(write) => {
+            write.check_live()?;
+            Ok(Entry::Beside { anchor: write })
+        },
+        None if write_holds.held_by_current_owner() => Err(Error::UnscopedDowngrade { path: path.to_owned() }),
+        None => Ok(Entry::Queue),
     }
 }
 
-/// A write acquire: refused inside a read scope (the upgrade).
-struct WriteEntry {
-    read_holds: Arc<Holds>,
-    /// For the lock path in errors.
-    internals: Arc<LockInternals>,
-}
-
-impl EntryRule for WriteEntry {
-    fn entry(&self) -> Result<Entry> {
-        match scope_hold(&self.read_holds) {
-            Some(_) => Err(Error::Upgrade { path: self.internals.dir().to_owned() }),
-            None => Ok(Entry::Queue),
-        }
+/// A write acquire (`other` being the read lock's holds): refused inside a read scope (the
+/// upgrade).
+fn write_entry(read_holds: &Arc<Holds>, path: &str) -> Result<Entry> {
+    match scope_hold(read_holds) {
+        Some(_) => Err(Error::Upgrade { path: path.to_owned() }),
+        None => Ok(Entry::Queue),
     }
 }
 
@@ -243,10 +225,10 @@ impl LockBuilder<InterProcessReadWriteLock> {
     pub fn build(self) -> Result<InterProcessReadWriteLock> {
         let internals = Arc::new(self.internals(WRITE_LOCK_NAME)?);
         let (read_holds, write_holds) = (Holds::new("read_lock"), Holds::new("write_lock"));
-        let read_entry = ReadEntry { write_holds: write_holds.clone(), internals: internals.clone() };
-        let write_entry = WriteEntry { read_holds: read_holds.clone(), internals: internals.clone() };
-        let read = InterProcessMutex::of_kind(internals.clone(), read_holds, &READ_DRIVER, Some(Box::new(read_entry)));
-        let write = InterProcessMutex::of_kind(internals, write_holds, &WRITE_DRIVER, Some(Box::new(write_entry)));
+        let read_entry = EntryRule { rule: read_entry, other: write_holds.clone() };
+        let write_entry = EntryRule { rule: write_entry, other: read_holds.clone() };
+        let read = InterProcessMutex::of_kind(internals.clone(), read_holds, &READ_DRIVER, Some(read_entry));
+        let write = InterProcessMutex::of_kind(internals, write_holds, &WRITE_DRIVER, Some(write_entry));
         Ok(InterProcessReadWriteLock { read, write })
     }
 }

@@ -552,3 +552,23 @@ async fn a_read_by_the_write_holder_outside_a_scope_is_refused_at_once() {
     shared.release().await.unwrap();
     assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
 }
+
+/// A read lock kept alone — its read/write lock and every write handle dropped — still sees a write
+/// guard that outlived every write handle: its holder's unscoped read is refused at once, and once
+/// the write is released the read is granted as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_lock_kept_alone_still_sees_a_write_guard_that_outlived_its_handles() {
+    let path = unique_path("rw-read-alone");
+    let ours_client = client().await;
+    let ours = InterProcessReadWriteLock::new(ours_client.clone(), &path).unwrap();
+    let read = ours.read_lock();
+    let write_guard = ours.write_lock().acquire().await.unwrap();
+    drop(ours);
+    let refused = tokio::time::timeout(Duration::from_secs(5), read.acquire()).await.expect("at once");
+    assert!(matches!(refused, Err(Error::UnscopedDowngrade { .. })), "{refused:?}");
+    write_guard.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), read.acquire()).await.expect("granted").unwrap();
+    assert_eq!(guard.state(), LockState::Held);
+    guard.release().await.unwrap();
+    assert_no_nodes_left_while_open(&client().await, &path, &[ours_client], Duration::from_secs(10)).await;
+}
