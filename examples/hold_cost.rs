@@ -35,7 +35,6 @@
 //! more than its heartbeats; CI runs both (release build).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zk_recipes::{InterProcessMutex, InterProcessReadWriteLock, LeaderLatch, LockGuard, LossPolicy};
@@ -159,7 +158,7 @@ type Acquiring = tokio::task::JoinHandle<Result<(Lock, LockGuard), BoxError>>;
 #[derive(Clone)]
 enum Lock {
     Mutex(InterProcessMutex),
-    Latch(Arc<LeaderLatch>),
+    Latch(LeaderLatch),
 }
 
 impl Lock {
@@ -180,7 +179,7 @@ impl Lock {
             "read" => Lock::Mutex(
                 InterProcessReadWriteLock::builder(client.clone(), path).loss_policy(policy).build()?.read_lock(),
             ),
-            "latch" => Lock::Latch(Arc::new(LeaderLatch::builder(client.clone(), path).loss_policy(policy).build()?)),
+            "latch" => Lock::Latch(LeaderLatch::builder(client.clone(), path).loss_policy(policy).build()?),
             other => return Err(format!("RECIPE={other}: mutex, read, latch or lease").into()),
         })
     }
@@ -279,6 +278,7 @@ async fn main() -> Result<(), BoxError> {
     let rss_before = rss_bytes();
     let heap_before = counting_alloc::live_heap_bytes();
     let sizes_before = counting_alloc::live_by_size();
+    let large_before = counting_alloc::live_large_bytes();
     let mutexes = (0..holds)
         .map(|i| Lock::new(&client, format!("{base}/lock-{i}"), &recipe, policy))
         .collect::<Result<Vec<_>, _>>()?;
@@ -332,7 +332,19 @@ async fn main() -> Result<(), BoxError> {
             .take(16)
             .map(|(size, count)| format!("[{size},{:.2}]", *count as f64 / holds.max(1) as f64))
             .collect();
-        eprintln!("{{\"example\":\"hold_cost_sizes\",\"size_and_count_per_hold\":[{}]}}", classes.join(","));
+        // Allocations over 4 KiB (slabs, tables, the example's own vectors), in bytes per hold.
+        let large: Vec<String> = counting_alloc::live_large_bytes()
+            .into_iter()
+            .zip(&large_before)
+            .map(|((size, after), (_, before))| (size, after - before))
+            .filter(|(_, grown)| *grown != 0)
+            .map(|(size, grown)| format!("[{size},{:.1}]", grown as f64 / holds.max(1) as f64))
+            .collect();
+        eprintln!(
+            "{{\"example\":\"hold_cost_sizes\",\"size_and_count_per_hold\":[{}],\"large_bytes_per_hold\":[{}]}}",
+            classes.join(","),
+            large.join(",")
+        );
     }
 
     let before = proxy.requests();

@@ -14,6 +14,13 @@ static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 const CLASSES: usize = 513;
 static LIVE_BY_CLASS: [AtomicUsize; CLASSES] = [const { AtomicUsize::new(0) }; CLASSES];
 
+/// Live bytes of allocations larger than 4 KiB, by the power of two at or above their size.
+static LIVE_LARGE_BYTES: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+
+fn large(size: usize) -> Option<usize> {
+    (size > 4096).then(|| size.next_power_of_two().trailing_zeros() as usize)
+}
+
 fn class(size: usize) -> usize {
     size.div_ceil(8).min(CLASSES - 1)
 }
@@ -24,6 +31,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
         if !ptr.is_null() {
             LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
             LIVE_BY_CLASS[class(layout.size())].fetch_add(1, Ordering::Relaxed);
+            if let Some(log2) = large(layout.size()) {
+                LIVE_LARGE_BYTES[log2].fetch_add(layout.size(), Ordering::Relaxed);
+            }
         }
         ptr
     }
@@ -32,6 +42,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe { System.dealloc(ptr, layout) };
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
         LIVE_BY_CLASS[class(layout.size())].fetch_sub(1, Ordering::Relaxed);
+        if let Some(log2) = large(layout.size()) {
+            LIVE_LARGE_BYTES[log2].fetch_sub(layout.size(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -48,4 +61,15 @@ pub fn live_heap_bytes() -> u64 {
 #[allow(dead_code)]
 pub fn live_by_size() -> Vec<(usize, i64)> {
     LIVE_BY_CLASS.iter().enumerate().map(|(class, live)| (class * 8, live.load(Ordering::Relaxed) as i64)).collect()
+}
+
+/// Live bytes of allocations larger than 4 KiB, by size (`(largest size of the bucket, bytes)`,
+/// buckets of powers of two).
+#[allow(dead_code)]
+pub fn live_large_bytes() -> Vec<(usize, i64)> {
+    LIVE_LARGE_BYTES
+        .iter()
+        .enumerate()
+        .map(|(log2, bytes)| (1usize << log2, bytes.load(Ordering::Relaxed) as i64))
+        .collect()
 }
