@@ -169,8 +169,12 @@ impl<S: Send + Sync + 'static> Driver<S> {
             };
             if !fired.is_empty() {
                 for (key, due) in fired {
-                    if let Some(due) = due.upgrade() {
-                        due.due(key);
+                    let Some(due) = due.upgrade() else { continue };
+                    // Already out of the map, the timers after it in this batch would never fire
+                    // were a panic in one to end the driver here (a lease that never runs out): it
+                    // is reported, and the batch goes on.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| due.due(key))).is_err() {
+                        tracing::error!(?key, "a session timer panicked when it fired; the others fire all the same");
                     }
                 }
                 continue;
@@ -299,6 +303,34 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(!lock(&owner.timers.queue).running, "the driver ends once its last timer is cancelled");
         assert_eq!(*lock(&counter.keys), vec![early, late, again]);
+    }
+
+    /// Panics when it fires.
+    struct Panics;
+
+    impl Due for Panics {
+        fn due(self: Arc<Self>, _key: TimerKey) {
+            panic!("a timer's due panicked (on purpose)");
+        }
+    }
+
+    /// A timer whose `due` panics does not cost the timers that fire in the same batch after it,
+    /// nor later ones: the driver goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_timer_does_not_drop_the_others_of_its_batch() {
+        let owner = Arc::new(Owner::default());
+        let counter = Arc::new(Counter { fired: AtomicUsize::new(0), keys: Mutex::new(Vec::new()) });
+        let panics = Arc::new(Panics);
+        let at = Instant::now() + Duration::from_secs(1);
+        // Set first: the lowest key of the batch, fired first.
+        let (_, spawn) = owner.timers.set_now(at, Arc::downgrade(&panics) as Weak<dyn Due>);
+        start(&owner, spawn);
+        let (second, _) = owner.timers.set_now(at, Arc::downgrade(&counter) as Weak<dyn Due>);
+        let (third, _) = owner.timers.set_now(at, Arc::downgrade(&counter) as Weak<dyn Due>);
+        let (later, _) = owner.timers.set_now(at + Duration::from_secs(1), Arc::downgrade(&counter) as Weak<dyn Due>);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(*lock(&counter.keys), vec![second, third, later]);
+        assert_eq!(owner.timers.len(), 0);
     }
 
     #[tokio::test(start_paused = true)]
