@@ -107,7 +107,8 @@ use crate::session::watch::{NodeWatch, Watched};
 use crate::sync::lock;
 
 /// The lock directory's data and stat read before our create, if the lock has a lock-delay.
-pub(super) type Before = Option<std::result::Result<(Vec<u8>, zk::Stat), zk::Error>>;
+/// Boxed: kept by a waiter for as long as it waits, and only a lock-delay reads it (issue 24).
+pub(super) type Before = Option<Box<std::result::Result<(Vec<u8>, zk::Stat), zk::Error>>>;
 
 /// How many children of the directory were ever deleted without a mark (module docs, *Counting
 /// deletions without a mark*); `None` if the counts do not add up.
@@ -234,7 +235,7 @@ pub(super) fn give_up_mark<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item
 
 /// The marks in `before`, if it was read.
 pub(super) fn marks_before(before: &Before) -> Option<(&[u8], &zk::Stat)> {
-    match before {
+    match before.as_deref() {
         Some(Ok((data, stat))) => Some((data.as_slice(), stat)),
         _ => None,
     }

@@ -177,7 +177,7 @@ impl OnSession<'_> {
             }
             drop(slot);
             let before: delay::Before = match before {
-                Some(read) => Some(read.await),
+                Some(read) => Some(Box::new(read.await)),
                 None => None,
             };
             if self.lock.lock_delay_of().is_some() {

@@ -452,18 +452,21 @@ impl OnSession<'_> {
             // trip still; `delay.rs`).
             let before = self.lock.lock_delay_of().map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
             // The future of an acquire is as large as its largest state, and a queued waiter keeps
-            // it for as long as it waits (its heap, issue 24). So the awaits of an attempt off its
-            // common path (a lock-delay's reads, a listing not shared, a create's retries) are
-            // boxed, and so is the listing pipelined behind a create (270 B held across the
-            // create's reply); a shared listing is awaited here rather than inside the create.
-            // The create itself stays inline: boxed (1.9 KB), it left a hole at every grant that
-            // the hold's records filled, and a burst's resident memory per held lock went from
-            // 3.1 to 4.8 KB (measured with `hold_cost`, BURST=1).
-            let (mut node, listing) = self.create(&prefix, &protection, driver, &mut pending).await?;
+            // it for as long as it waits (its heap, issue 24). So every await before the wait is
+            // boxed — the create (784 B with the listing pipelined behind it), the listing still
+            // to come (672 B), a lock-delay's read and its result (96 B, kept while waiting) — and
+            // so are those off the common path (a listing not shared, a create's retries): the
+            // acquire future is 1,432 B, where it was 1,696 with the create inline
+            // (`-Zprint-type-sizes`, release). (Before a session's creates in flight were bounded,
+            // a boxed create left a hole at every grant that the hold's records filled: a burst's
+            // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,
+            // at most that many boxes live at once, and the burst's resident memory is unchanged:
+            // BENCHMARKS.md.)
+            let (mut node, listing) = Box::pin(self.create(&prefix, &protection, driver, &mut pending)).await?;
             drop(slot);
-            let listing = self.listing_to_come(&node, listing).await;
+            let listing = Box::pin(self.listing_to_come(&node, listing)).await;
             let before: delay::Before = match before {
-                Some(read) => Some(read.await),
+                Some(read) => Some(Box::new(read.await)),
                 None => None,
             };
             Span::current().record("sequence", node.sequence);
