@@ -456,7 +456,7 @@ impl OnSession<'_> {
             // boxed — the create (784 B with the listing pipelined behind it), the listing still
             // to come (672 B), a lock-delay's read and its result (96 B, kept while waiting) — and
             // so are those off the common path (a listing not shared, a create's retries): the
-            // acquire future is 1,432 B, where it was 1,696 with the create inline
+            // acquire future is 1,360 B, where it was 1,696 with the create inline
             // (`-Zprint-type-sizes`, release). (Before a session's creates in flight were bounded,
             // a boxed create left a hole at every grant that the hold's records filled: a burst's
             // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,

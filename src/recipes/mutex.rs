@@ -369,16 +369,16 @@ impl InterProcessMutex {
             }
         }
         // Only the anchor is kept across the await (an `Entry` result would be, at its 72 bytes,
-        // in every queued waiter's future).
-        let entry = self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |entry| (entry.rule)(&entry.other, self.path()));
-        let anchor = match entry {
-            Ok(Entry::Queue) => None,
-            Ok(Entry::Beside { anchor }) => Some(anchor),
-            Err(err) => {
-                metrics::acquire(self.inner.recipe, Outcome::Failed, started.elapsed());
-                return Err(err);
-            },
-        };
+        // in every queued waiter's future: matched as a temporary, never bound to a name).
+        let anchor =
+            match self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| (rule.rule)(&rule.other, self.path())) {
+                Ok(Entry::Queue) => None,
+                Ok(Entry::Beside { anchor }) => Some(anchor),
+                Err(err) => {
+                    metrics::acquire(self.inner.recipe, Outcome::Failed, started.elapsed());
+                    return Err(err);
+                },
+            };
         let result = self.queue(anchor, wait, timeout, lease).await;
         let outcome = match &result {
             Ok(Some(_)) => Outcome::Acquired,
