@@ -54,31 +54,36 @@ struct Published {
     rss: u64,
 }
 
-/// Locks taken 200 at a time.
-const BATCHES: Published = Published { heap: 1_700, rss: 2_100 };
+/// Locks taken 200 at a time (1,574 B heap and 1,939 B resident on 2026-11-28, after the lock
+/// objects shrank).
+const BATCHES: Published = Published { heap: 1_600, rss: 2_000 };
 /// Locks taken all at once (`BURST=1`): about the same heap, and a little more resident memory —
 /// the pages the acquires' transient allocations shared with the holds' records (issue 24 asks
 /// 2 KB; 3.0–3.6 KB before a session's creates in flight were bounded, 1.96–2.09 KB since,
-/// 1.87–2.04 KB since locks share their client's default ACLs).
-const BURST: Published = Published { heap: 1_650, rss: 2_000 };
+/// 1.87–2.04 KB since locks share their client's default ACLs; 1.88–2.05 KB, heap 1,585–1,600 B,
+/// since the lock objects shrank, ten runs).
+const BURST: Published = Published { heap: 1_600, rss: 2_000 };
 /// Started leader latches' leaderships taken all at once (`RECIPE=latch BURST=1`): the latch (about
 /// 350 B) beside the hold (5.8–6.1 KB resident before a session's creates in flight were bounded,
 /// 4.0–4.6 KB since; 2.30–2.37 KB since a leading latch runs no task and is started where its
-/// acquire is spawned, seven runs).
-const LATCH_BURST: Published = Published { heap: 2_050, rss: 2_400 };
+/// acquire is spawned, seven runs; 2.01–2.20 KB, heap 1,819–1,834 B, since a latch is one record
+/// and the lock objects shrank, nine runs).
+const LATCH_BURST: Published = Published { heap: 1_850, rss: 2_200 };
 /// Mutexes taken all at once from a worker (`BURST=1 SPAWN=worker`): the same heap, and the
 /// acquires' tasks freed among the holds' records (4.9 KB before the holds' and feeds' slab;
 /// 4.1–4.4 KB with it; 2.5–2.9 KB since a session's creates in flight are bounded; 2.3–2.7 KB
-/// since, with shared ACLs).
-const BURST_FROM_WORKER: Published = Published { heap: 1_650, rss: 2_600 };
+/// since, with shared ACLs; 2.45–2.61 KB since the lock objects shrank, three runs).
+const BURST_FROM_WORKER: Published = Published { heap: 1_600, rss: 2_600 };
 /// Read locks taken all at once (`RECIPE=read BURST=1`): the read/write lock's second kind (its
 /// holds' table, its entry rule) beside a mutex hold's records (2.07–2.31 KB resident; 2.06–2.10
-/// KB with shared ACLs).
-const READ_BURST: Published = Published { heap: 1_740, rss: 2_100 };
+/// KB with shared ACLs; 1.94–2.07 KB, heap 1,672–1,679 B, since the lock objects shrank and the
+/// entry rule is inline, six runs).
+const READ_BURST: Published = Published { heap: 1_700, rss: 2_050 };
 /// Mutex holds with an hour's lease taken all at once (`RECIPE=lease BURST=1`): the lease's record
 /// and its entry in the session's timers beside the hold (2.14–2.20 KB resident since the timers
-/// are the session's, 2.73–2.80 KB with a task per lease; 2.04–2.12 KB with shared ACLs).
-const LEASE_BURST: Published = Published { heap: 1_800, rss: 2_150 };
+/// are the session's, 2.73–2.80 KB with a task per lease; 2.04–2.12 KB with shared ACLs; 2.06–2.11
+/// KB, heap 1,754–1,758 B, since the lock objects shrank, five runs).
+const LEASE_BURST: Published = Published { heap: 1_780, rss: 2_100 };
 /// Requests per acquire of a new lock path (its parent exists) and the hold's own-node watch, once
 /// the session guesses new lock paths missing (`src/engine/directory_guess.rs`): the `multi` that
 /// makes the directory with the node, the listing behind it, the watch's `getData`.
