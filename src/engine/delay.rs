@@ -75,8 +75,8 @@
 //! - **A give-up keeps the count.** A node never handed to the application (a waiter that gave
 //!   up, timed out or was dropped; a `try_acquire` refused) ended no hold, so its deletion need not
 //!   be served. It is deleted in the same `multi` as a clean release, writing the largest mark
-//!   this acquire read from the directory instance its node lives in (the directory's, else 0:
-//!   S(0) always holds), so `unmarked` does not move. (A read lock's downgrade node given up, and
+//!   this acquire read from the directory instance its node lives in, so `unmarked` does not move
+//!   — or, when it read none, empty data: no mark (below, *A directory's past*). (A read lock's downgrade node given up, and
 //!   a give-up whose `multi` is retried after a lost reply, go unmarked: only more waiting.) A mark read is true for good; writing it over
 //!   a newer one only makes a later grant wait more (never less), and only when the two race.
 //! - **Waits seen by this process count.** A verdict `Wait(Some(u))` received at `t` proves that
@@ -89,6 +89,25 @@
 //!   grant that waited partly in an earlier, timed-out acquire waits only the rest.
 //!
 //! `try_acquire` itself never waits: while the delay runs it finds the lock not available.
+//!
+//! # A directory's past
+//! A directory instance's counts start at its creation, but a lock path may have had holders
+//! before it: a directory that was missing may have been reaped after an unclean loss (or deleted
+//! by someone). So a directory with no mark gives no `m`, and its first grant waits the delay —
+//! from when this process first saw the instance, which existed then, so every deletion of an
+//! earlier instance came before. Hence:
+//!
+//! **P**: every mark in a directory instance was established by a grant that waited the delay
+//! after seeing that instance, or copied from such a mark (a give-up writes only a mark it read
+//! from the instance; a clean release, the mark its grant established).
+//!
+//! So a mark also vouches for the instance's past, and a grant that stands on one (`unmarked ≤
+//! m`) comes at least `delay` after every deletion before the instance existed. That is why a
+//! give-up that read no mark writes none (a mark 0 would be true of the instance's counts, S(0),
+//! but would vouch for a past nobody waited for: a refused `try_acquire` on a new path then let the
+//! next one in at once — review AF). Its `multi` still writes the data, so the give-up is not
+//! counted as unclean and a waiter's sighting still covers it: a `try_acquire` on a new path is
+//! granted once the delay since the process first saw the directory has passed.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -223,14 +242,12 @@ pub(super) fn settle(dir: &str, counted: &zk::Stat, verdict: Verdict, delay: Dur
 }
 
 /// The mark a give-up of a node in the directory instance of `counted` writes: the largest read
-/// from that instance, else 0 (module docs, *Give-ups and waits cut short*).
-pub(super) fn give_up_mark<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>) -> u32 {
-    marks
-        .into_iter()
-        .filter(|(_, stat)| stat.czxid == counted.czxid)
-        .filter_map(|(data, _)| mark_of(data))
-        .max()
-        .unwrap_or(0)
+/// from that instance, else none (module docs, *Give-ups and waits cut short*).
+pub(super) fn give_up_mark<'a>(
+    counted: &zk::Stat,
+    marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>,
+) -> Option<u32> {
+    marks.into_iter().filter(|(_, stat)| stat.czxid == counted.czxid).filter_map(|(data, _)| mark_of(data)).max()
 }
 
 /// The marks in `before`, if it was read.
@@ -406,9 +423,9 @@ mod tests {
     fn a_give_up_writes_only_a_mark_of_its_own_directory_instance() {
         let counted = stat(7, 5, 1, 1);
         let (one, three) = (mark_data(1), mark_data(3));
-        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), 1);
-        assert_eq!(give_up_mark(&counted, [(three.as_slice(), &stat(8, 0, 0, 0))]), 0);
-        assert_eq!(give_up_mark(&counted, [(b"foreign".as_slice(), &stat(7, 0, 0, 0))]), 0);
-        assert_eq!(give_up_mark(&counted, []), 0);
+        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), Some(1));
+        assert_eq!(give_up_mark(&counted, [(three.as_slice(), &stat(8, 0, 0, 0))]), None);
+        assert_eq!(give_up_mark(&counted, [(b"foreign".as_slice(), &stat(7, 0, 0, 0))]), None);
+        assert_eq!(give_up_mark(&counted, []), None);
     }
 }

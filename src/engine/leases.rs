@@ -183,7 +183,7 @@ impl OnSession<'_> {
             if self.lock.lock_delay_of().is_some() {
                 // Until handed to the application, our lease nodes end no hold (`delay.rs`).
                 let counted = listing.as_ref().map(|listing| listing.dir_stat);
-                let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
+                let mark = counted.and_then(|counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
                 leases.0.iter_mut().for_each(|(pending, _)| pending.give_up_with_mark(mark));
             }
             match self.wait_for_count(&leases.0, max_leases, listing, lock_node).await? {

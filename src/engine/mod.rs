@@ -111,7 +111,7 @@ impl LockNode {
     /// mark (a lock with a lock-delay: `engine/delay.rs`).
     pub(crate) fn delete_marked(&self, cleanup: &Cleanup, clean: bool) -> Option<JoinHandle<Result<()>>> {
         let target = match (clean, self.served) {
-            (true, Some(served)) => Target::Released { path: self.path.to_string(), served },
+            (true, Some(served)) => Target::Released { path: self.path.to_string(), served: Some(served) },
             _ => Target::Path(self.path.to_string()),
         };
         match self.view.clone() {
@@ -481,7 +481,7 @@ impl OnSession<'_> {
             if self.lock.lock_delay_of().is_some() {
                 // Until handed to the application, our node ends no hold (`delay.rs`, *Give-ups*).
                 let counted = listing.as_ref().map(|listing| listing.dir_stat);
-                let mark = counted.map_or(0, |counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
+                let mark = counted.and_then(|counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
                 pending.give_up_with_mark(mark);
             }
             match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {

@@ -235,17 +235,23 @@ impl Hold {
         let lost = matches!(self.context.session.peek(&self.feed), LockState::Lost(_));
         // Released: what happens to the node from now on is no loss. (Told before the node's
         // delete is sent, so the monitor hears of the release before the deletion.)
-        match relinquished {
-            None => self.context.session.release(&self.feed),
-            Some(reason) => self.context.session.relinquish(&self.feed, reason),
-        }
+        let hook_due = match relinquished {
+            None => {
+                self.context.session.release(&self.feed);
+                None
+            },
+            Some(reason) => Some(self.context.session.relinquish(&self.feed, reason)),
+        };
         #[cfg(feature = "metrics")]
         metrics::hold_ended(self.recipe, self.granted.elapsed(), lost);
         let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
         // Marked clean unless the library ended it for a holder that did not (its lease ran out):
         // that holder may still be running, which is what a lock-delay waits out.
         let clean = relinquished != Some(LossReason::LeaseExpired);
-        self.node.delete_marked(&self.context.cleanup, clean)
+        let deletion = self.node.delete_marked(&self.context.cleanup, clean);
+        // Its loss hook, now that the delete is sent (`Session::relinquish`).
+        drop(hook_due);
+        deletion
     }
 }
 
@@ -459,11 +465,16 @@ impl Holds {
     fn expire(&self, hold: &Record<Hold>) {
         lock(&self.live).remove(hold.id);
         if !std::mem::replace(&mut lock(&hold.life).ended, true) {
-            warn!(
-                lock_path = hold.lock_path(),
-                sequence = hold.node.sequence,
-                "the hold's lease ran out; releasing the lock"
-            );
+            // The report runs the application's `tracing` subscriber: a panic there must not
+            // leave a hold marked ended but neither told lost nor deleted (review AF).
+            let report = || {
+                warn!(
+                    lock_path = hold.lock_path(),
+                    sequence = hold.node.sequence,
+                    "the hold's lease ran out; releasing the lock"
+                )
+            };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(report));
             drop(hold.end(Some(LossReason::LeaseExpired)));
         }
     }

@@ -38,10 +38,11 @@ pub(crate) enum Target {
     Protected { dir: String, protection: String },
     /// A held node released cleanly, or a node never handed to the application given up, on a
     /// lock with a lock-delay: deleted in one `multi` with a write of its served mark as its
-    /// directory's data (`engine/delay.rs`). Should the `multi`
-    /// fail, the node is deleted plainly (counted as unclean: the next grant then waits the delay,
-    /// which is only ever conservative).
-    Released { path: String, served: u32 },
+    /// directory's data (`engine/delay.rs`), or, for a give-up that read no mark (`None`), of no
+    /// mark (empty data: the deletion is not counted as unclean, and the directory still shows no
+    /// mark). Should the `multi` fail, the node is deleted plainly (counted as unclean: the next
+    /// grant then waits the delay, which is only ever conservative).
+    Released { path: String, served: Option<u32> },
 }
 
 impl Target {
@@ -70,13 +71,13 @@ pub(crate) fn mark_of(data: &[u8]) -> Option<u32> {
 }
 
 /// `multi(setData(<dir>, <served mark>), delete(<path>))`: a clean release's mark and delete, in
-/// one request (what a plain delete costs). `Err(NoNode)` if the node is gone; a failure of the
-/// mark alone falls back to an unmarked delete.
-async fn marked_delete(client: &zk::Client, path: &str, served: u32) -> std::result::Result<(), zk::Error> {
+/// one request (what a plain delete costs); with no mark (`None`), empty data. `Err(NoNode)` if
+/// the node is gone; a failure of the mark alone falls back to an unmarked delete.
+async fn marked_delete(client: &zk::Client, path: &str, served: Option<u32>) -> std::result::Result<(), zk::Error> {
     let Some((dir, _)) = path.rsplit_once('/') else { return client.delete(path, None).await };
     let dir = if dir.is_empty() { "/" } else { dir };
     let mut writer = client.new_multi_writer();
-    let mark = mark_data(served);
+    let mark = served.map(mark_data).unwrap_or_default();
     if writer.add_set_data(dir, &mark, None).is_err() || writer.add_delete(path, None).is_err() {
         return client.delete(path, None).await;
     }
@@ -571,10 +572,10 @@ pub(crate) struct PendingNode {
     sent: bool,
     /// A create of this attempt had an unknown outcome: a node with its GUID may exist.
     maybe_applied: bool,
-    /// On a lock with a lock-delay, the served mark a give-up writes as it deletes the node (a
-    /// node never handed to the application ended no hold: `engine/delay.rs`, *Give-ups and
-    /// waits cut short*).
-    give_up_mark: Option<u32>,
+    /// On a lock with a lock-delay, what a give-up writes as it deletes the node: a served mark,
+    /// or no mark (`Some(None)`) when it read none (a node never handed to the application ended
+    /// no hold: `engine/delay.rs`, *Give-ups and waits cut short*). `None`: a plain delete.
+    give_up_mark: Option<Option<u32>>,
 }
 
 impl PendingNode {
@@ -593,8 +594,9 @@ impl PendingNode {
 
     /// A give-up deletes the node (once its path is known) with a write of `served` as its
     /// directory's data, in one `multi`: `served` must be a mark read from the directory instance
-    /// the node is in, or 0 (`engine/delay.rs`, *Give-ups and waits cut short*).
-    pub(crate) fn give_up_with_mark(&mut self, served: u32) {
+    /// the node is in, or `None` — no mark — when none was read (`engine/delay.rs`, *Give-ups and
+    /// waits cut short*).
+    pub(crate) fn give_up_with_mark(&mut self, served: Option<u32>) {
         self.give_up_mark = Some(served);
     }
 

@@ -502,6 +502,9 @@ struct Told {
     state: LockState,
     /// Called once when the hold is newly lost ([`HoldFeed::on_lost`]); taken when called.
     on_lost: Option<Weak<dyn LossHook>>,
+    /// Lost, and the hook not called yet: its owner ended it and is sending its node's delete
+    /// ([`Session::relinquish`], [`HookDue`]). A hook set meanwhile is kept for that call.
+    hook_due: bool,
 }
 
 /// Told once when a hold is newly lost (see [`HoldFeed::on_lost`]): how an owner that must act
@@ -513,8 +516,25 @@ pub(crate) trait LossHook: Send + Sync {
     /// its runtime shuts down), the own-node watch driver, the lease timers' task, a close (of a
     /// latch, of a managed client), or a caller reading a hold's state, which may hold any lock
     /// of its own and be outside a runtime: so it only schedules work, and takes no lock that
-    /// such a caller may hold.
+    /// such a caller may hold. For a hold its owner ended ([`Session::relinquish`]: a lease run
+    /// out, a latch closed), after its node's delete was sent.
     fn lost(self: Arc<Self>, reason: LossReason);
+}
+
+/// A relinquished hold's loss hook, called when this is dropped ([`Session::relinquish`]): also
+/// when a panic unwinds through the owner, so a latch is never left out of its election.
+pub(crate) struct HookDue<'feed> {
+    feed: &'feed HoldFeed,
+    /// `None`: the hold was lost already; its hook had its turn then.
+    reason: Option<LossReason>,
+}
+
+impl Drop for HookDue<'_> {
+    fn drop(&mut self) {
+        if let Some(reason) = self.reason.take() {
+            self.feed.call_hook(reason);
+        }
+    }
 }
 
 impl std::fmt::Debug for dyn LossHook {
@@ -553,11 +573,13 @@ impl HoldFeed {
     /// watch, a close, or its owner ending it: [`Session::relinquish`]). Never called once the
     /// hold was released cleanly ([`Session::release`]: nothing is a loss from then on), nor when
     /// a loss is only refined. Returns the reason, and keeps no hook, if the hold was already told
-    /// it is lost (it will not be again); replaces an earlier hook.
+    /// it is lost and its hook's turn has passed (it will not come again); replaces an earlier
+    /// hook. A hold its owner is ending ([`Session::relinquish`]) keeps the hook until its node's
+    /// delete is sent, and calls it then.
     pub(crate) fn on_lost(&self, hook: Weak<dyn LossHook>) -> Option<LossReason> {
         let mut told = lock(&self.state);
         match told.state {
-            LockState::Lost(reason) => Some(reason),
+            LockState::Lost(reason) if !told.hook_due => Some(reason),
             _ => {
                 told.on_lost = Some(hook);
                 None
@@ -565,15 +587,24 @@ impl HoldFeed {
         }
     }
 
-    /// Wakes whoever waits for a change and, if the hold was newly lost, calls its hook (taken
-    /// under the state's lock, so at most once).
+    /// Wakes whoever waits for a change and, if the hold was newly lost, calls its hook.
     fn changed(&self, newly_lost: Option<LossReason>) {
         self.changed.notify_waiters();
         if let Some(reason) = newly_lost {
-            let hook = lock(&self.state).on_lost.take();
-            if let Some(hook) = hook.and_then(|hook| hook.upgrade()) {
-                hook.lost(reason);
-            }
+            self.call_hook(reason);
+        }
+    }
+
+    /// Calls the hook, if one is set (taken under the state's lock, so at most once), and ends
+    /// its turn.
+    fn call_hook(&self, reason: LossReason) {
+        let hook = {
+            let mut told = lock(&self.state);
+            told.hook_due = false;
+            told.on_lost.take()
+        };
+        if let Some(hook) = hook.and_then(|hook| hook.upgrade()) {
+            hook.lost(reason);
         }
     }
 
@@ -803,7 +834,7 @@ impl Session {
             path: path.clone(),
             policy,
             cleanup: cleanup.clone(),
-            state: Mutex::new(Told { state: LockState::Held, on_lost: None }),
+            state: Mutex::new(Told { state: LockState::Held, on_lost: None, hook_due: false }),
             changed: Notify::new(),
             released: AtomicBool::new(false),
             watching: AtomicBool::new(own_watch.is_some()),
@@ -923,7 +954,14 @@ impl Session {
     /// [`LeaderLatch`](crate::LeaderLatch)): released like [`release`](Self::release), and told
     /// `Lost(reason)` — *before* its node's delete is sent, so no guard reads `Held` once the node
     /// may be gone. Not counted as a loss (metrics, `lock lost` log): the owner chose it.
-    pub(crate) fn relinquish(&self, feed: &HoldFeed, reason: LossReason) {
+    ///
+    /// Its loss hook is called when the returned [`HookDue`] is dropped: the owner drops it once
+    /// the node's delete is sent, so what the hook sends next on the session (a started latch's
+    /// next create) comes after that delete, and a latch never has two nodes at once (review AE's
+    /// `leases_lost_around_every_handover_requeue_once_per_term`). A hook set in between (a latch
+    /// handing over the leadership) waits for that call too.
+    #[must_use = "the loss hook is called when this is dropped: drop it once the node's delete is sent"]
+    pub(crate) fn relinquish<'feed>(&self, feed: &'feed HoldFeed, reason: LossReason) -> HookDue<'feed> {
         self.release(feed);
         let newly_lost = {
             let mut told = lock(&feed.state);
@@ -931,11 +969,13 @@ impl Session {
                 LockState::Lost(_) => None,
                 _ => {
                     told.state = LockState::Lost(reason);
+                    told.hook_due = true;
                     Some(reason)
                 },
             }
         };
-        feed.changed(newly_lost);
+        feed.changed.notify_waiters();
+        HookDue { feed, reason: newly_lost }
     }
 
     /// Marks the monitor running; returns what the caller must spawn, after releasing `inner`

@@ -173,8 +173,17 @@ impl<S: Send + Sync + 'static> Driver<S> {
                     // Already out of the map, the timers after it in this batch would never fire
                     // were a panic in one to end the driver here (a lease that never runs out): it
                     // is reported, and the batch goes on.
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| due.due(key))).is_err() {
-                        tracing::error!(?key, "a session timer panicked when it fired; the others fire all the same");
+                    // The report is guarded too: it runs the application's `tracing` subscriber
+                    // (review AF).
+                    let fired = std::panic::AssertUnwindSafe(|| due.due(key));
+                    if std::panic::catch_unwind(fired).is_err() {
+                        let report = || {
+                            tracing::error!(
+                                ?key,
+                                "a session timer panicked when it fired; the others fire all the same"
+                            )
+                        };
+                        let _ = std::panic::catch_unwind(report);
                     }
                 }
                 continue;

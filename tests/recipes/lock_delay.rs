@@ -421,3 +421,36 @@ async fn try_acquire_is_granted_after_the_delay_and_not_before() {
     drop(guard);
     assert_no_nodes_left_while_open(&poller, &path, std::slice::from_ref(&poller), Duration::from_secs(10)).await;
 }
+
+/// On a new path (a missing directory counts as unclean), `try_acquire` polls are refused until
+/// the delay since the process first saw the directory has passed, then granted: a refused poll's
+/// give-up writes no mark (it read none), so it neither vouches for the directory's past (review
+/// AF: it wrote mark 0, and the next poll was granted at once) nor counts as unclean (which would
+/// keep every later poll out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_a_new_path_is_granted_after_the_delay_and_not_before() {
+    let path = unique_path("delay-poll-new");
+    let (poller, admin) = (client().await, client().await);
+    let mutex = delayed(poller.clone(), &path);
+    let first_seen = Instant::now();
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted at once on a new path");
+    let (data, _) = admin.get_data(&path).await.unwrap();
+    assert!(data.is_empty(), "a refused poll left the directory a mark: {:?}", String::from_utf8_lossy(&data));
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted right after a refused poll");
+    tokio::time::sleep(DELAY / 2).await;
+    assert!(mutex.try_acquire().await.unwrap().is_none(), "granted halfway through the delay");
+    let granted = loop {
+        if let Some(granted) = mutex.try_acquire().await.unwrap() {
+            break granted;
+        }
+        assert!(first_seen.elapsed() < DELAY * 4, "a poll never granted: {:?}", first_seen.elapsed());
+        tokio::time::sleep(DELAY / 10).await;
+    };
+    assert!(first_seen.elapsed() >= DELAY, "granted {:?} after the first poll", first_seen.elapsed());
+    granted.release().await.unwrap();
+    // Its clean release leaves the mark its grant established: the next acquire is not delayed.
+    let started = Instant::now();
+    mutex.acquire().await.unwrap().release().await.unwrap();
+    assert!(started.elapsed() < DELAY / 2, "waited {:?} after a clean release", started.elapsed());
+    assert_no_nodes_left_while_open(&admin, &path, std::slice::from_ref(&poller), Duration::from_secs(10)).await;
+}

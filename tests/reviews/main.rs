@@ -14,6 +14,10 @@
 mod common;
 
 mod review_ae_latch_hook;
+mod review_af_cancel;
+mod review_af_internals;
+mod review_af_latch;
+mod review_af_timer_panic;
 mod review_b;
 mod review_d;
 mod review_e_cancel;

@@ -361,9 +361,10 @@ async fn every_cut_connection_requeues_the_latch_once() {
 /// sometimes before `hand_over` sets the hook (the handover queues again itself: about a third to
 /// a half of the terms, counted with a scratch `eprintln!`), sometimes just after (the lease
 /// timer calls the hook, maybe while the handover still runs). Over many terms
-/// the story alternates `Elected`, `NotLeader(LeaseExpired)` with a new node each term, one create
-/// per term (the directory's counter moves by one), never two nodes of the latch listed at once;
-/// `close` then leaves nothing, and nothing appears after it.
+/// the story alternates `Elected`, `NotLeader(LeaseExpired)` with a new node each term, never two
+/// nodes of the latch listed at once (the hook is called once the lost node's delete is sent:
+/// `Session::relinquish`; before, 2 of 25 runs saw two), a newer node each term; `close` then
+/// leaves nothing, and nothing appears after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_lost_around_every_handover_requeue_once_per_term() {
     let observer = client().await;
@@ -414,7 +415,10 @@ async fn leases_lost_around_every_handover_requeue_once_per_term() {
     watching.store(false, Ordering::SeqCst);
     watcher.await.unwrap();
     let sequences: Vec<i64> = paths.iter().map(|path| sequence(path)).collect();
-    assert!(sequences.windows(2).all(|pair| pair[1] == pair[0] + 1), "one create per term: {sequences:?}");
+    // Each term's node is newer than the last. Not always the next one: an acquire whose lease ran
+    // out inside it (before it returned) is retried (`retry_may_fix`, this review's defect 1), and
+    // its node makes no term. Never two nodes at once: asserted below.
+    assert!(sequences.windows(2).all(|pair| pair[1] > pair[0]), "a term's node older than the last: {sequences:?}");
     let max_seen = max_seen.load(Ordering::SeqCst);
     assert!(max_seen <= 1, "{max_seen} nodes of one latch listed at once");
     assert!(queued_nodes(&observer, &path, "-latch-").await.is_empty());
