@@ -855,18 +855,25 @@ async fn a_latch_on_a_plain_client_stops_when_its_session_expires() {
     assert_no_nodes_left(&client().await, &path).await;
 }
 
+/// Two started latches on one session and `path`: the leader (with its leadership) and one queued
+/// behind it.
+async fn leader_and_queued(path: &str) -> (zookeeper_client::Client, LeaderLatch, zk_recipes::LockGuard, LeaderLatch) {
+    let session = client().await;
+    let leader = LeaderLatch::builder(session.clone(), path).id("leader").build().unwrap();
+    leader.start().unwrap();
+    let leadership = leader.await_leadership().await.unwrap();
+    let queued = LeaderLatch::builder(session.clone(), path).id("queued").build().unwrap();
+    queued.start().unwrap();
+    eventually(Duration::from_secs(5), "queued", || async { leader.participants().await.unwrap().len() == 2 }).await;
+    (session, leader, leadership, queued)
+}
+
 /// Dropping every clone of a started latch leaves the election, leader or queued: no node is left
 /// while the session is still open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_started_latch_leaves_the_election() {
     let path = unique_path("latch-dropped");
-    let session = client().await;
-    let leader = LeaderLatch::builder(session.clone(), &path).id("leader").build().unwrap();
-    leader.start().unwrap();
-    let leadership = leader.await_leadership().await.unwrap();
-    let queued = LeaderLatch::builder(session.clone(), &path).id("queued").build().unwrap();
-    queued.start().unwrap();
-    eventually(Duration::from_secs(5), "queued", || async { leader.participants().await.unwrap().len() == 2 }).await;
+    let (session, leader, leadership, queued) = leader_and_queued(&path).await;
     drop(leader);
     drop(queued);
     assert_eq!(leadership.state(), LockState::Lost(LossReason::LatchClosed), "a dropped latch stepped down");
@@ -880,13 +887,7 @@ async fn a_dropped_started_latch_leaves_the_election() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_one_clone_of_a_started_latch_keeps_it_in_the_election() {
     let path = unique_path("latch-clone-dropped");
-    let session = client().await;
-    let leader = LeaderLatch::builder(session.clone(), &path).id("leader").build().unwrap();
-    leader.start().unwrap();
-    let leadership = leader.await_leadership().await.unwrap();
-    let queued = LeaderLatch::builder(session.clone(), &path).id("queued").build().unwrap();
-    queued.start().unwrap();
-    eventually(Duration::from_secs(5), "queued", || async { leader.participants().await.unwrap().len() == 2 }).await;
+    let (session, leader, leadership, queued) = leader_and_queued(&path).await;
     let (leader_clone, queued_clone) = (leader.clone(), queued.clone());
     drop(leader);
     drop(queued_clone);
