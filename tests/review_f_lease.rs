@@ -163,7 +163,9 @@ async fn f5_fenced_write_in_flight_applied_after_lost() {
     let guard = Arc::new(mutex.acquire_with_lease(lease).await.unwrap());
     let granted = Instant::now();
     proxy.delay_requests(&[op::MULTI], Duration::from_millis(1500));
-    tokio::time::sleep(lease - Duration::from_millis(100)).await;
+    // Sent half a lease before it runs out (100 ms before, a loaded machine overslept the lease:
+    // the precondition read `Lost`), answered 1.5 s later, after the loss.
+    tokio::time::sleep(lease / 2).await;
     assert_eq!(guard.state(), LockState::Held);
     let g = guard.clone();
     let c = counter.clone();

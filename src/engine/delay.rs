@@ -99,7 +99,9 @@
 //!
 //! **P**: every mark in a directory instance was established by a grant that waited the delay
 //! after seeing that instance, or copied from such a mark (a give-up writes only a mark it read
-//! from the instance; a clean release, the mark its grant established).
+//! from the instance; a clean release, the mark its grant established). A mark the directory was
+//! created with (a copy made by a tool: its `version` is 0) is not counted: no grant in this
+//! instance waited for it (review AG).
 //!
 //! So a mark also vouches for the instance's past, and a grant that stands on one (`unmarked ≤
 //! m`) comes at least `delay` after every deletion before the instance existed. That is why a
@@ -153,12 +155,7 @@ pub(super) enum Verdict {
 /// directory (with the stat each was read with).
 pub(super) fn verdict<'a>(counted: &zk::Stat, marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>) -> Verdict {
     let Some(unmarked) = unmarked(counted) else { return Verdict::Wait(None) };
-    let served = marks
-        .into_iter()
-        // Only marks of this directory instance count (a directory created again starts over).
-        .filter(|(_, stat)| stat.czxid == counted.czxid)
-        .filter_map(|(data, _)| mark_of(data))
-        .max();
+    let served = marks.into_iter().filter(|(_, stat)| ours(stat, counted)).filter_map(|(data, _)| mark_of(data)).max();
     match served {
         Some(served) if unmarked <= served => Verdict::Stands(served),
         _ => Verdict::Wait(Some(unmarked)),
@@ -247,7 +244,15 @@ pub(super) fn give_up_mark<'a>(
     counted: &zk::Stat,
     marks: impl IntoIterator<Item = (&'a [u8], &'a zk::Stat)>,
 ) -> Option<u32> {
-    marks.into_iter().filter(|(_, stat)| stat.czxid == counted.czxid).filter_map(|(data, _)| mark_of(data)).max()
+    marks.into_iter().filter(|(_, stat)| ours(stat, counted)).filter_map(|(data, _)| mark_of(data)).max()
+}
+
+/// Whether a mark read with `stat` may count for the directory instance of `counted`: read from
+/// that instance (a directory created again starts over), and written by a release or a give-up
+/// — a write of the data (`version` ≥ 1) — not carried in the directory's create (a copy of a lock
+/// directory made by a tool, which no grant in this instance waited for: claim P, review AG).
+fn ours(stat: &zk::Stat, counted: &zk::Stat) -> bool {
+    stat.czxid == counted.czxid && stat.version > 0
 }
 
 /// The marks in `before`, if it was read.
@@ -373,9 +378,12 @@ mod tests {
         let counted = stat(7, 5, 1, 1); // one deletion without a mark
         let one = mark_data(1);
         let zero = mark_data(0);
-        let same = stat(7, 0, 0, 0);
-        let other = stat(8, 0, 0, 0);
+        // Read with the data written once (a release's or a give-up's mark).
+        let same = stat(7, 0, 0, 1);
+        let other = stat(8, 0, 0, 1);
         assert_eq!(verdict(&counted, [(one.as_slice(), &same)]), Verdict::Stands(1));
+        // A mark the directory was created with (a copy): no grant in this instance waited for it.
+        assert_eq!(verdict(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), Verdict::Wait(Some(1)));
         assert_eq!(verdict(&counted, [(zero.as_slice(), &same)]), Verdict::Wait(Some(1)));
         assert_eq!(verdict(&counted, [(one.as_slice(), &other)]), Verdict::Wait(Some(1)));
         assert_eq!(verdict(&counted, [(zero.as_slice(), &same), (one.as_slice(), &same)]), Verdict::Stands(1));
@@ -423,9 +431,10 @@ mod tests {
     fn a_give_up_writes_only_a_mark_of_its_own_directory_instance() {
         let counted = stat(7, 5, 1, 1);
         let (one, three) = (mark_data(1), mark_data(3));
-        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), Some(1));
-        assert_eq!(give_up_mark(&counted, [(three.as_slice(), &stat(8, 0, 0, 0))]), None);
-        assert_eq!(give_up_mark(&counted, [(b"foreign".as_slice(), &stat(7, 0, 0, 0))]), None);
+        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 1))]), Some(1));
+        assert_eq!(give_up_mark(&counted, [(one.as_slice(), &stat(7, 0, 0, 0))]), None);
+        assert_eq!(give_up_mark(&counted, [(three.as_slice(), &stat(8, 0, 0, 1))]), None);
+        assert_eq!(give_up_mark(&counted, [(b"foreign".as_slice(), &stat(7, 0, 0, 1))]), None);
         assert_eq!(give_up_mark(&counted, []), None);
     }
 }

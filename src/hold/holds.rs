@@ -242,16 +242,45 @@ impl Hold {
             },
             Some(reason) => Some(self.context.session.relinquish(&self.feed, reason)),
         };
-        #[cfg(feature = "metrics")]
-        metrics::hold_ended(self.recipe, self.granted.elapsed(), lost);
-        let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
         // Marked clean unless the library ended it for a holder that did not (its lease ran out):
         // that holder may still be running, which is what a lock-delay waits out.
         let clean = relinquished != Some(LossReason::LeaseExpired);
-        let deletion = self.node.delete_marked(&self.context.cleanup, clean);
+        // From here the delete is sent however this ends, before the hook (dropped after it):
+        // the application's metrics recorder and `tracing` subscriber run below, and a panic
+        // there left the hold ended, untracked and its node in place (review AG).
+        let mut delete = DeleteOnDrop { hold: self, clean, sent: false };
+        #[cfg(feature = "metrics")]
+        metrics::hold_ended(self.recipe, self.granted.elapsed(), lost);
+        let _span = info_span!("release", lock_path = %self.lock_path(), sequence = self.node.sequence).entered();
+        let deletion = delete.send();
         // Its loss hook, now that the delete is sent (`Session::relinquish`).
         drop(hook_due);
         deletion
+    }
+}
+
+/// Sends the delete of its hold's node (`LockNode::delete_marked`) when dropped, unless
+/// [`send`](Self::send) did: [`Hold::end`] keeps one across the application's code.
+struct DeleteOnDrop<'a> {
+    hold: &'a Hold,
+    clean: bool,
+    sent: bool,
+}
+
+impl DeleteOnDrop<'_> {
+    fn send(&mut self) -> Option<JoinHandle<Result<()>>> {
+        self.sent = true;
+        self.hold.node.delete_marked(&self.hold.context.cleanup, self.clean)
+    }
+}
+
+impl Drop for DeleteOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.sent {
+            // Only ever during a panic's unwind: a second panic here would abort the process.
+            let send = std::panic::AssertUnwindSafe(|| drop(self.send()));
+            let _ = std::panic::catch_unwind(send);
+        }
     }
 }
 

@@ -531,7 +531,13 @@ pub(crate) struct HookDue<'feed> {
 
 impl Drop for HookDue<'_> {
     fn drop(&mut self) {
-        if let Some(reason) = self.reason.take() {
+        let Some(reason) = self.reason.take() else { return };
+        if std::thread::panicking() {
+            // Dropped by a panic's unwind (the application's subscriber or metrics recorder, in
+            // `Hold::end`): a second panic in the hook would abort the process (review AG).
+            let call = std::panic::AssertUnwindSafe(|| self.feed.call_hook(reason));
+            let _ = std::panic::catch_unwind(call);
+        } else {
             self.feed.call_hook(reason);
         }
     }

@@ -18,6 +18,7 @@ mod review_af_cancel;
 mod review_af_internals;
 mod review_af_latch;
 mod review_af_timer_panic;
+mod review_ag_release_panic;
 mod review_b;
 mod review_d;
 mod review_e_cancel;
