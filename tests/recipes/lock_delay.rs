@@ -390,6 +390,18 @@ async fn a_waiter_giving_up_keeps_the_count_and_hides_no_loss() {
     assert_no_nodes_left_while_open(&next, &path, &[next.clone(), quitter.clone()], Duration::from_secs(10)).await;
 }
 
+/// Polls `mutex` with `try_acquire` every tenth of the delay until granted; fails if not granted
+/// within four delays of `since`.
+async fn poll_until_granted(mutex: &InterProcessMutex, since: Instant) -> zk_recipes::LockGuard {
+    loop {
+        if let Some(granted) = mutex.try_acquire().await.unwrap() {
+            return granted;
+        }
+        assert!(since.elapsed() < DELAY * 4, "a poll never granted: {:?} since the loss", since.elapsed());
+        tokio::time::sleep(DELAY / 10).await;
+    }
+}
+
 /// `try_acquire` never waits, but a poll is granted once the delay since the process first saw
 /// the unclean loss's count has passed — never before the delay after the server's delete, and
 /// not halfway.
@@ -406,13 +418,7 @@ async fn try_acquire_is_granted_after_the_delay_and_not_before() {
     assert!(mutex.try_acquire().await.unwrap().is_none(), "granted at once after an unclean loss");
     tokio::time::sleep(DELAY / 2).await;
     assert!(mutex.try_acquire().await.unwrap().is_none(), "granted halfway through the delay");
-    let granted = loop {
-        if let Some(granted) = mutex.try_acquire().await.unwrap() {
-            break granted;
-        }
-        assert!(closing.elapsed() < DELAY * 4, "a poll never granted a lock free for {:?}", closing.elapsed());
-        tokio::time::sleep(DELAY / 10).await;
-    };
+    let granted = poll_until_granted(&mutex, closing).await;
     let granted_at = Instant::now();
     eprintln!("poll: granted {:?} after the close", granted_at - closing);
     assert!(granted_at - closing >= DELAY, "granted {:?} after the close", granted_at - closing);
@@ -439,13 +445,7 @@ async fn try_acquire_on_a_new_path_is_granted_after_the_delay_and_not_before() {
     assert!(mutex.try_acquire().await.unwrap().is_none(), "granted right after a refused poll");
     tokio::time::sleep(DELAY / 2).await;
     assert!(mutex.try_acquire().await.unwrap().is_none(), "granted halfway through the delay");
-    let granted = loop {
-        if let Some(granted) = mutex.try_acquire().await.unwrap() {
-            break granted;
-        }
-        assert!(first_seen.elapsed() < DELAY * 4, "a poll never granted: {:?}", first_seen.elapsed());
-        tokio::time::sleep(DELAY / 10).await;
-    };
+    let granted = poll_until_granted(&mutex, first_seen).await;
     assert!(first_seen.elapsed() >= DELAY, "granted {:?} after the first poll", first_seen.elapsed());
     granted.release().await.unwrap();
     // Its clean release leaves the mark its grant established: the next acquire is not delayed.
