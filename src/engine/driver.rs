@@ -95,7 +95,7 @@ mod tests {
     use super::*;
 
     fn child(sequence: i64) -> LockChild {
-        LockChild { name: format!("lock-{sequence:010}"), sequence, kind: 0 }
+        LockChild { name: format!("lock-{sequence:010}").into(), sequence, kind: 0 }
     }
 
     #[test]

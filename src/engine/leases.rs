@@ -70,7 +70,7 @@ use crate::engine::driver::StandardDriver;
 use crate::engine::listing::Listing;
 use crate::engine::naming::{self, LEASE_NAME, LEASE_QUEUE};
 use crate::error::{session_dead, Error, Result};
-use crate::session::cleanup::{retry_unknown, PendingNode};
+use crate::session::cleanup::{retry_unknown, NodePrefix, PendingNode};
 use crate::session::client::SessionContext;
 use crate::session::watch::{NodeWatch, Watched};
 use crate::state::LossReason;
@@ -163,10 +163,9 @@ impl OnSession<'_> {
             let before = self.lock.lock_delay_of().map(|_| self.context.client().get_data(&self.lock.dir));
             for _ in 0..qty {
                 // A GUID per node, armed before its create is sent.
-                let protection = naming::protection(&Uuid::new_v4());
-                let mut pending = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
-                let prefix = format!("{}/{}{}", self.lock.dir, protection, LEASE_NAME);
-                let (node, pipelined) = self.create(&prefix, &protection, &LEASE_NODES, &mut pending).await?;
+                let prefix = NodePrefix::new(&self.lock.dir, &naming::protection(&Uuid::new_v4()), LEASE_NAME);
+                let mut pending = PendingNode::new(self.context.cleanup.clone(), prefix.clone());
+                let (node, pipelined) = self.create(&prefix, &LEASE_NODES, &mut pending).await?;
                 let pipelined = self.listing_to_come(&node, pipelined).await;
                 if leases.0.is_empty() {
                     Span::current().record("sequence", node.sequence);
@@ -243,7 +242,7 @@ impl OnSession<'_> {
         let name_of = |node: &LockNode| node.path[self.lock.dir.len() + 1..].to_owned();
         if let Some(listing) = pipelined {
             let listed = ours.iter().all(|(_, node)| {
-                let child = naming::LockChild { name: name_of(node), sequence: node.sequence, kind: 0 };
+                let child = naming::LockChild { name: name_of(node).into(), sequence: node.sequence, kind: 0 };
                 listing.position(&child).is_some()
             });
             // Not listed: a reply from another connection, maybe; the watched listing decides.

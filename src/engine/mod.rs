@@ -60,10 +60,10 @@ use crate::engine::listing::Listing;
 use crate::engine::naming::{LockChild, Queue};
 use crate::engine::view::DirView;
 use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
-use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, PendingNode, Target};
+use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, NodePrefix, PendingNode, Target};
 use crate::session::client::{RecipeClient, SessionContext};
 use crate::session::monitor::HoldFeed;
-use crate::session::watch::{watch_node, NodeWatch, Watched};
+use crate::session::watch::{watch_node, watch_node_untracked, NodeWatch, Watched};
 use crate::state::{LossPolicy, LossReason};
 use crate::sync::Record;
 use delay::DelayCheck;
@@ -117,7 +117,7 @@ impl LockNode {
         match self.view.clone() {
             None => cleanup.delete(target),
             Some(view) => {
-                let name = self.path.rsplit('/').next().unwrap_or_default().to_owned();
+                let name = self.path.rsplit('/').next().unwrap_or_default().into();
                 let child = LockChild { name, sequence: self.sequence, kind: self.kind };
                 cleanup.delete_then(target, move || view.deleted(&child))
             },
@@ -156,8 +156,12 @@ pub(crate) enum Wait {
 }
 
 enum Turn {
-    /// Acquired; with the armed watch on our own node if we waited (handed to the hold).
-    Acquired(Option<NodeWatch>),
+    /// Acquired, after waiting for a predecessor (`handoff`) or not; with the watch on our own
+    /// node if one was set while waiting (handed to the hold).
+    Acquired {
+        own_watch: Option<NodeWatch>,
+        handoff: bool,
+    },
     NotNow,
     NodeGone,
 }
@@ -436,11 +440,11 @@ impl OnSession<'_> {
         // evidence that the session is alive (see `session/monitor.rs`).
         self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
-        let mut protection = naming::protection(&Uuid::new_v4());
+        let new_prefix = || NodePrefix::new(&self.lock.dir, &naming::protection(&Uuid::new_v4()), driver.lock_name());
         self.context.cleanup.remember_runtime();
-        let mut pending =
-            PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone()).not_sent_yet();
-        let mut prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
+        // It keeps the attempt's node prefix (the GUID), read from our node's path once created:
+        // a queued waiter keeps no copy of its own.
+        let mut pending = PendingNode::new(self.context.cleanup.clone(), new_prefix()).not_sent_yet();
         let mut losses = 0;
         loop {
             // A place in the session's window of creates, held until the create and its retries
@@ -462,7 +466,7 @@ impl OnSession<'_> {
             // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,
             // at most that many boxes live at once, and the burst's resident memory is unchanged:
             // BENCHMARKS.md.)
-            let (mut node, listing) = Box::pin(self.create(&prefix, &protection, driver, &mut pending)).await?;
+            let (mut node, listing) = Box::pin(self.create(&pending.prefix().clone(), driver, &mut pending)).await?;
             drop(slot);
             let listing = Box::pin(self.listing_to_come(&node, listing)).await;
             let before: delay::Before = match before {
@@ -485,8 +489,7 @@ impl OnSession<'_> {
                 pending.give_up_with_mark(mark);
             }
             match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {
-                Turn::Acquired(own_watch) => {
-                    let handoff = own_watch.is_some();
+                Turn::Acquired { own_watch, handoff } => {
                     // (The hold of a lock whose node needs no watching is handed a watch that
                     // never fires: the monitor sets none either.)
                     let own_watch = if self.lock.watch_own_node { own_watch } else { Some(NodeWatch::never()) };
@@ -518,10 +521,7 @@ impl OnSession<'_> {
                     // The next node gets a GUID of its own: in a lock directory deleted and made
                     // again its sequence number may be the old node's, and a late delete of the
                     // old path must not find it (`session/cleanup.rs`, `Deletion`; review S).
-                    protection = naming::protection(&Uuid::new_v4());
-                    prefix = format!("{}/{}{}", self.lock.dir, protection, driver.lock_name());
-                    let fresh = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone())
-                        .not_sent_yet();
+                    let fresh = PendingNode::new(self.context.cleanup.clone(), new_prefix()).not_sent_yet();
                     std::mem::replace(&mut pending, fresh).retire();
                 },
             }
@@ -612,23 +612,17 @@ impl OnSession<'_> {
     async fn attempt_beside(&self, driver: &dyn LockDriver, anchor: &LockNode, wait: Wait) -> Result<Option<Grant>> {
         self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
-        let protection = naming::protection(&Uuid::new_v4());
+        let prefix = NodePrefix::new(&self.lock.dir, &naming::protection(&Uuid::new_v4()), driver.lock_name());
         self.context.cleanup.remember_runtime();
-        let mut pending = PendingNode::new(self.context.cleanup.clone(), &self.lock.dir, protection.clone());
+        let mut pending = PendingNode::new(self.context.cleanup.clone(), prefix.clone());
         // The anchor's sequence number spelled as the server spells it (`%010d`).
-        let path = format!("{}/{}{}{:010}", self.lock.dir, protection, driver.lock_name(), anchor.sequence);
+        let path: Arc<str> = format!("{}{:010}", prefix.as_str(), anchor.sequence).into();
         Span::current().record("sequence", anchor.sequence);
-        let czxid = self.create_beside(&path, &protection, anchor, &mut pending).await?;
+        let czxid = self.create_beside(&path, prefix.protection(), anchor, &mut pending).await?;
         // Granted beside a node we hold: no hold we exclude can have ended meanwhile; the anchor's
         // served mark is ours (`delay.rs`).
-        let node = LockNode {
-            path: path.into(),
-            sequence: anchor.sequence,
-            czxid,
-            kind: driver.kind(),
-            view: None,
-            served: anchor.served,
-        };
+        let node =
+            LockNode { path, sequence: anchor.sequence, czxid, kind: driver.kind(), view: None, served: anchor.served };
         let Some(feed) = self.vouched_hold(&node, None, wait).await? else {
             Box::pin(pending.delete_now()).await?;
             return Ok(None);
@@ -642,7 +636,7 @@ impl OnSession<'_> {
     /// before the `multi` is sent again, so one attempt never leaves two nodes.
     async fn create_beside(
         &self,
-        path: &str,
+        path: &Arc<str>,
         protection: &str,
         anchor: &LockNode,
         pending: &mut PendingNode,
@@ -658,7 +652,7 @@ impl OnSession<'_> {
                 match find_protected(client, dir, protection).await {
                     Ok(Some(found)) => {
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
-                        pending.created(found.path);
+                        pending.created(found.path.into());
                         return Ok(found.stat.czxid);
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -681,7 +675,7 @@ impl OnSession<'_> {
             match commit.await {
                 Ok(mut results) => {
                     self.context.session.answered(sent, true);
-                    pending.created(path.to_owned());
+                    pending.created(path.clone());
                     return match results.pop() {
                         Some(zk::MultiWriteResult::Create { stat, .. }) if !stat.is_invalid() => Ok(stat.czxid),
                         _ => self.czxid_of(path).await,
@@ -720,12 +714,12 @@ impl OnSession<'_> {
     /// Creates our node (step 2), returning it and the pipelined listing when that succeeded.
     async fn create(
         &self,
-        prefix: &str,
-        protection: &str,
+        prefix: &NodePrefix,
         driver: &dyn LockDriver,
         pending: &mut PendingNode,
     ) -> Result<(LockNode, ListingToCome)> {
         let (lock_name, kind) = (driver.lock_name(), driver.kind());
+        let (protection, prefix) = (prefix.protection(), prefix.as_str());
         let client = self.context.client();
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&self.lock.acls));
         let mut backoff = Backoff::new();
@@ -746,15 +740,9 @@ impl OnSession<'_> {
                     Ok(Some(found)) => {
                         let sequence = naming::parse_sequence(&found.name, lock_name).unwrap_or(i64::MAX);
                         debug!(path = found.path, "found our lock node by GUID after an unknown create outcome");
-                        pending.created(found.path.clone());
-                        let node = LockNode {
-                            path: found.path.into(),
-                            sequence,
-                            czxid: found.stat.czxid,
-                            kind,
-                            view: None,
-                            served: None,
-                        };
+                        let path: Arc<str> = found.path.into();
+                        pending.created(path.clone());
+                        let node = LockNode { path, sequence, czxid: found.stat.czxid, kind, view: None, served: None };
                         return Ok((node, ListingToCome::Have(None)));
                     },
                     Ok(None) => outcome_was_unknown = false,
@@ -815,6 +803,8 @@ impl OnSession<'_> {
                     // session's loss deadline, so a hold granted now needs no heartbeat first.
                     self.context.session.answered(sent, true);
                     let round_trip = self.context.session.now().saturating_duration_since(sent);
+                    // One copy of the path, shared by the pending node and ours.
+                    let path: Arc<str> = path.into();
                     pending.created(path.clone());
                     // A known-missing directory was counted when its create found it missing.
                     if guess || !with_levels {
@@ -833,7 +823,7 @@ impl OnSession<'_> {
                             Some(czxid) => czxid,
                             None => Box::pin(self.czxid_of(&path)).await?,
                         };
-                        let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
+                        let node = LockNode { path, sequence, czxid, kind, view: None, served: None };
                         return Ok((node, ListingToCome::Have(listing)));
                     }
                     let czxid = if stat.is_invalid() { Box::pin(self.czxid_of(&path)).await? } else { stat.czxid };
@@ -852,14 +842,14 @@ impl OnSession<'_> {
                         },
                         (None, Some(_)) => {
                             // Awaited by the caller (`ListingToCome`).
-                            let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
+                            let node = LockNode { path, sequence, czxid, kind, view: None, served: None };
                             // How long to wait for another session's listing (`Setup::listing_for`).
                             let patience = (round_trip * 2).clamp(SHARED_LISTING_PATIENCE.0, SHARED_LISTING_PATIENCE.1);
                             return Ok((node, ListingToCome::Shared { setup: setup.take(), patience }));
                         },
                         (None, None) => None,
                     };
-                    let node = LockNode { path: path.into(), sequence, czxid, kind, view: None, served: None };
+                    let node = LockNode { path, sequence, czxid, kind, view: None, served: None };
                     return Ok((node, ListingToCome::Have(listing)));
                 },
                 Err(CreateError::Parents(err)) if guess => {
@@ -933,7 +923,7 @@ impl OnSession<'_> {
             ListingToCome::Shared { setup: None, .. } => None,
             ListingToCome::Shared { setup: Some(setup), patience } => {
                 let ours = LockChild {
-                    name: node.path.get(self.lock.dir.len() + 1..).unwrap_or_default().to_owned(),
+                    name: node.path.get(self.lock.dir.len() + 1..).unwrap_or_default().into(),
                     sequence: node.sequence,
                     kind: node.kind,
                 };
@@ -1072,8 +1062,8 @@ impl OnSession<'_> {
         before: &delay::Before,
     ) -> Result<Turn> {
         let queue = driver.queue();
-        let ours = LockChild {
-            name: node.path[self.lock.dir.len() + 1..].to_owned(),
+        let mut ours = LockChild {
+            name: node.path.get(self.lock.dir.len() + 1..).unwrap_or_default().into(),
             sequence: node.sequence,
             kind: node.kind,
         };
@@ -1089,6 +1079,8 @@ impl OnSession<'_> {
                 return Ok(Turn::NodeGone);
             };
             if let Some(index) = current.position(&ours) {
+                // The listing's copy of our name: the one the view keeps (one allocation, shared).
+                ours.clone_from(&current.children[index]);
                 break (current, index);
             }
             if relisted {
@@ -1116,7 +1108,7 @@ impl OnSession<'_> {
                         },
                     };
                 }
-                return Ok(Turn::Acquired(None));
+                return Ok(Turn::Acquired { own_watch: None, handoff: false });
             },
             Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
             Decision::WaitFor(_) => {},
@@ -1133,12 +1125,19 @@ impl OnSession<'_> {
         drop(listing);
         // Our own node is watched too: if someone deletes it while we wait, we must not be granted
         // the lock when our predecessor goes. The server sends a session's replies and events in
-        // order, our watch request goes out first, and the select below polls our own watch
-        // first, so a deletion of our node before our predecessor's is seen first. That holds
-        // while our original watch is armed and the connection has not been re-established
-        // (re-registered watches fire in no particular order); otherwise we check our node once
-        // more before taking the lock.
-        let mut own_watch = if self.lock.watch_own_node { self.watch(node.path.clone()) } else { NodeWatch::never() };
+        // order, and the select below polls our own watch first: once the server has confirmed
+        // our watch (its reply came first), a deletion of our node before our predecessor's is
+        // seen first. That holds while the watch is armed and the connection has not been
+        // re-established since (re-registered watches fire in no particular order); otherwise —
+        // the watch not set yet, or its reply not in — we check our node once more before taking
+        // the lock: a read answered after our predecessor's deletion was seen.
+        //
+        // The watch is set only once our turn is near (`view.rs`, *Near turns*): a waiter deep in
+        // the queue keeps none (a request and about 0.75 KB of memory less while it waits, issue
+        // 24). In a queue drained through this process, each deletion the view records brings the
+        // next waiters near, so a waiter's watch is set about two handoffs before its turn and its
+        // grant needs no read.
+        let mut own_watch = if self.lock.watch_own_node { NodeWatch::unset() } else { NodeWatch::never() };
         let mut own_watch_trusted = true;
         let mut session = self.context.client().state_watcher();
         session.state();
@@ -1177,6 +1176,12 @@ impl OnSession<'_> {
                             _ = std::future::ready(()) => {},
                         }
                         if !(own_watch_trusted && own_watch.is_armed()) {
+                            debug!(
+                                path = &*node.path,
+                                watch_set = !own_watch.is_unset(),
+                                own_watch_trusted,
+                                "granted from the view before our own node's watch was confirmed; reading the node"
+                            );
                             match Box::pin(retry_unknown(|| self.context.client().check_stat(&node.path))).await {
                                 Ok(Some(_)) => {},
                                 Ok(None) => {
@@ -1201,6 +1206,9 @@ impl OnSession<'_> {
                                     node.served = match delay::settle(&self.server_dir(), &counted, verdict, delay) {
                                         delay::Settled::Stands(served) => Some(served),
                                         delay::Settled::At(until, served) => {
+                                            if own_watch.is_unset() {
+                                                own_watch = self.watch(node.path.clone());
+                                            }
                                             if let Some(turn) =
                                                 Box::pin(self.serve_delay(&node.path, until, &mut own_watch)).await?
                                             {
@@ -1214,8 +1222,10 @@ impl OnSession<'_> {
                             },
                         }
                         node.view = Some(view);
-                        // Handed to the hold, which keeps watching our node with it.
-                        return Ok(Turn::Acquired(Some(own_watch)));
+                        // Handed to the hold, which keeps watching our node with it (one not set
+                        // yet is set by the session: `session/monitor.rs`).
+                        let own_watch = (!own_watch.is_unset()).then_some(own_watch);
+                        return Ok(Turn::Acquired { own_watch, handoff: true });
                     },
                     Some(Decision::WaitFor(predecessor)) => predecessor,
                 }
@@ -1223,7 +1233,9 @@ impl OnSession<'_> {
             // One copy of the path, shared with the watch (kept by every queued waiter).
             let predecessor_path: Arc<str> = format!("{}/{}", self.lock.dir, predecessor.name).into();
             debug!(predecessor = &*predecessor_path, "waiting for predecessor");
-            let mut predecessor_watch = self.watch(predecessor_path.clone());
+            // Only its event matters, not when it is armed: no flag (an allocation less).
+            let mut predecessor_watch = watch_node_untracked(self.context.cleanup.clone(), predecessor_path.clone());
+            let mut near = own_watch.is_unset().then(|| view.near(predecessor.sequence, ours.sequence));
             loop {
                 tokio::select! {
                     biased;
@@ -1231,6 +1243,12 @@ impl OnSession<'_> {
                         if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
                             return end;
                         }
+                    },
+                    true = async { match near.as_mut() { Some(near) => { near.await; true }, None => false } }, if near.is_some() => {
+                        // Our turn is near: watch our node (the request goes out when the first
+                        // branch polls it, right after this).
+                        near = None;
+                        own_watch = self.watch(node.path.clone());
                     },
                     _ = session.changed() => own_watch_trusted = false,
                     event = &mut predecessor_watch => {
@@ -1313,7 +1331,7 @@ fn created_with_directory(stat: &zk::Stat, path: &str, listing: Option<&Listing>
     }
     let name = path.rsplit('/').next()?;
     let listing = listing?;
-    listing.children.iter().any(|child| child.name == name).then_some(listing.dir_stat.czxid)
+    listing.children.iter().any(|child| *child.name == *name).then_some(listing.dir_stat.czxid)
 }
 
 /// How a create of our node (alone, or with missing levels of the lock path) failed.

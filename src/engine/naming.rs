@@ -48,6 +48,8 @@
 //!   is never reaped: it must be deleted by hand, and until then every acquire fails (a latch or
 //!   selector keeps retrying).
 
+use std::sync::Arc;
+
 use uuid::Uuid;
 
 /// Curator's prefix for protected (GUID-carrying) nodes.
@@ -80,7 +82,7 @@ pub(crate) fn protection(guid: &Uuid) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockChild {
     /// The node name (not the full path).
-    pub name: String,
+    pub name: Arc<str>,
     /// The sequence number the server appended.
     pub sequence: i64,
     /// Its kind: the index of its lock name in the recipe's [`Queue`].
@@ -132,7 +134,9 @@ pub(crate) fn parse_child(name: &str, queue: Queue) -> Option<(i64, usize)> {
 pub(crate) fn sort_lock_children(children: Vec<String>, queue: Queue) -> Vec<LockChild> {
     let mut nodes: Vec<LockChild> = children
         .into_iter()
-        .filter_map(|name| parse_child(&name, queue).map(|(sequence, kind)| LockChild { name, sequence, kind }))
+        .filter_map(|name| {
+            parse_child(&name, queue).map(|(sequence, kind)| LockChild { name: name.into(), sequence, kind })
+        })
         .collect();
     nodes.sort();
     nodes
@@ -170,7 +174,7 @@ mod tests {
             "lock-0000000001".to_string(),
         ];
         let sorted = sort_lock_children(children, &["lock-"]);
-        let names: Vec<_> = sorted.iter().map(|c| c.name.as_str()).collect();
+        let names: Vec<_> = sorted.iter().map(|c| &*c.name).collect();
         assert_eq!(names, ["lock-0000000001", "_c_b-lock-0000000003", "_c_a-lock-0000000010"]);
     }
 

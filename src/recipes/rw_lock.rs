@@ -271,7 +271,7 @@ mod tests {
     use super::*;
 
     fn node(sequence: i64, kind: usize) -> LockChild {
-        LockChild { name: format!("_c_x-{}{sequence:010}", RW_QUEUE[kind]), sequence, kind }
+        LockChild { name: format!("_c_x-{}{sequence:010}", RW_QUEUE[kind]).into(), sequence, kind }
     }
 
     #[test]

@@ -564,9 +564,10 @@ pub(crate) struct PendingNode {
     /// The session's cleanup, shared (a clone of it copies the client: part of every queued
     /// waiter's future).
     cleanup: Arc<Cleanup>,
-    dir: String,
-    protection: String,
-    path: Option<String>,
+    /// The attempt's node prefix (its directory and GUID), shared with the attempt.
+    prefix: NodePrefix,
+    /// The node's path once known, shared with the attempt's node.
+    path: Option<Arc<str>>,
     armed: bool,
     /// A create of this attempt may have been sent (see [`not_sent_yet`](Self::not_sent_yet)).
     sent: bool,
@@ -578,18 +579,53 @@ pub(crate) struct PendingNode {
     give_up_mark: Option<Option<u32>>,
 }
 
-impl PendingNode {
-    pub(crate) fn new(cleanup: Arc<Cleanup>, dir: &str, protection: String) -> PendingNode {
-        PendingNode {
-            cleanup,
-            dir: dir.to_owned(),
-            protection,
-            path: None,
-            armed: true,
-            sent: true,
-            maybe_applied: false,
-            give_up_mark: None,
+/// `<dir>/<protection><lock name>`: what the creates of one acquire attempt name their node
+/// from. Once the node's path is known, the prefix is read from that path (which begins with
+/// it): a queued waiter keeps one copy of either (issue 24).
+#[derive(Clone, Debug)]
+pub(crate) struct NodePrefix {
+    /// The prefix, or a path that begins with it.
+    text: Arc<str>,
+    /// Where the directory ends (the `/` after it).
+    dir_end: usize,
+    /// Where the protection (`_c_<guid>-`) ends.
+    protection_end: usize,
+    /// Where the prefix ends.
+    end: usize,
+}
+
+impl NodePrefix {
+    pub(crate) fn new(dir: &str, protection: &str, lock_name: &str) -> NodePrefix {
+        let text: Arc<str> = format!("{dir}/{protection}{lock_name}").into();
+        NodePrefix { dir_end: dir.len(), protection_end: dir.len() + 1 + protection.len(), end: text.len(), text }
+    }
+
+    /// The whole prefix: a sequential create's path.
+    pub(crate) fn as_str(&self) -> &str {
+        self.text.get(..self.end).unwrap_or_default()
+    }
+
+    /// The lock directory.
+    pub(crate) fn dir(&self) -> &str {
+        self.text.get(..self.dir_end).unwrap_or_default()
+    }
+
+    /// The attempt's protection, `_c_<guid>-`.
+    pub(crate) fn protection(&self) -> &str {
+        self.text.get(self.dir_end + 1..self.protection_end).unwrap_or_default()
+    }
+
+    /// Reads the prefix from `path` from now on, if it begins with it (one allocation less).
+    fn share(&mut self, path: &Arc<str>) {
+        if path.starts_with(self.as_str()) {
+            self.text = path.clone();
         }
+    }
+}
+
+impl PendingNode {
+    pub(crate) fn new(cleanup: Arc<Cleanup>, prefix: NodePrefix) -> PendingNode {
+        PendingNode { cleanup, prefix, path: None, armed: true, sent: true, maybe_applied: false, give_up_mark: None }
     }
 
     /// A give-up deletes the node (once its path is known) with a write of `served` as its
@@ -621,15 +657,21 @@ impl PendingNode {
     }
 
     /// Records the node's path once the create reply (or a GUID search) told us.
-    pub(crate) fn created(&mut self, path: String) {
+    pub(crate) fn created(&mut self, path: Arc<str>) {
+        self.prefix.share(&path);
         self.path = Some(path);
+    }
+
+    /// The attempt's node prefix.
+    pub(crate) fn prefix(&self) -> &NodePrefix {
+        &self.prefix
     }
 
     /// Gives up the node whose path we know (it was found deleted; if it is not, it is deleted
     /// now), so that the next create starts afresh.
     pub(crate) fn abandon_node(&mut self) {
         if let Some(path) = self.path.take() {
-            self.cleanup.delete(Target::Path(path));
+            self.cleanup.delete(Target::Path(path.to_string()));
         }
     }
 
@@ -666,9 +708,11 @@ impl PendingNode {
 
     fn target(&self) -> Target {
         match (&self.path, self.give_up_mark) {
-            (Some(path), Some(served)) => Target::Released { path: path.clone(), served },
-            (Some(path), None) => Target::Path(path.clone()),
-            (None, _) => Target::Protected { dir: self.dir.clone(), protection: self.protection.clone() },
+            (Some(path), Some(served)) => Target::Released { path: path.to_string(), served },
+            (Some(path), None) => Target::Path(path.to_string()),
+            (None, _) => {
+                Target::Protected { dir: self.prefix.dir().to_owned(), protection: self.prefix.protection().to_owned() }
+            },
         }
     }
 }

@@ -18,10 +18,22 @@ const MAX_WATCH_REFUSALS: usize = 3;
 /// A data watch on a lock node, resolving when it fires. The watch request is sent when the
 /// future is first polled.
 pub(crate) struct NodeWatch {
-    /// Set once the server confirmed the watch.
-    armed: Arc<AtomicBool>,
-    /// `None`: a watch never sent ([`never`](Self::never)).
+    /// Whether the server confirmed the watch (and so that the node existed then).
+    armed: Armed,
+    /// `None`: a watch not sent ([`never`](Self::never), [`unset`](Self::unset)).
     fired: Option<WatchFuture>,
+}
+
+/// What [`NodeWatch::is_armed`] reads.
+enum Armed {
+    /// A watch never sent that counts as armed ([`NodeWatch::never`]).
+    Always,
+    /// A watch not sent (yet) ([`NodeWatch::unset`]).
+    Not,
+    /// Set once the server confirmed the watch.
+    Flag(Arc<AtomicBool>),
+    /// A watch whose confirmation nobody reads ([`watch_node_untracked`]): never armed.
+    Untracked,
 }
 
 /// The future of a watch, boxed.
@@ -31,7 +43,18 @@ impl NodeWatch {
     /// A watch that is never sent and never fires, counted as armed: for a node whose deletion
     /// its owner does not need to hear of (see `LockInternals::without_own_node_watch`).
     pub(crate) fn never() -> NodeWatch {
-        NodeWatch { armed: Arc::new(AtomicBool::new(true)), fired: None }
+        NodeWatch { armed: Armed::Always, fired: None }
+    }
+
+    /// A watch not sent (yet), which never fires and is not armed: a queued waiter's own-node
+    /// watch until its turn is near (`engine/mod.rs`, `wait_for_turn`).
+    pub(crate) fn unset() -> NodeWatch {
+        NodeWatch { armed: Armed::Not, fired: None }
+    }
+
+    /// Whether this is an [`unset`](Self::unset) watch.
+    pub(crate) fn is_unset(&self) -> bool {
+        matches!(self.armed, Armed::Not)
     }
 
     /// The watch as a plain future (its "armed" flag no longer needed); `None` for a watch never
@@ -43,7 +66,11 @@ impl NodeWatch {
 
     /// Whether the server has confirmed the watch (and so that the node existed then).
     pub(crate) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::SeqCst)
+        match &self.armed {
+            Armed::Always => true,
+            Armed::Not | Armed::Untracked => false,
+            Armed::Flag(armed) => armed.load(Ordering::SeqCst),
+        }
     }
 }
 
@@ -66,7 +93,13 @@ impl Future for NodeWatch {
 pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
     let armed = Arc::new(AtomicBool::new(false));
     let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
-    NodeWatch { armed, fired: Some(fired) }
+    NodeWatch { armed: Armed::Flag(armed), fired: Some(fired) }
+}
+
+/// [`watch_node`] without the "armed" flag (an allocation less): for a watch whose owner only
+/// waits for it to fire (a waiter's predecessor); [`NodeWatch::is_armed`] stays false.
+pub(crate) fn watch_node_untracked(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
+    NodeWatch { armed: Armed::Untracked, fired: Some(Box::pin(watch_once(cleanup, path, None))) }
 }
 
 /// [`watch_node`]'s future; `set` is set once the server confirmed the watch.
