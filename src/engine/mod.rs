@@ -63,7 +63,7 @@ use crate::error::{outcome_unknown, session_dead, transient, Error, Result};
 use crate::session::cleanup::{find_protected, retry_unknown, Backoff, Cleanup, NodePrefix, PendingNode, Target};
 use crate::session::client::{RecipeClient, SessionContext};
 use crate::session::monitor::HoldFeed;
-use crate::session::watch::{watch_node, watch_node_untracked, NodeWatch, Watched};
+use crate::session::watch::{watch_node, watch_sibling, NodeWatch, Watched};
 use crate::state::{LossPolicy, LossReason};
 use crate::sync::Record;
 use delay::DelayCheck;
@@ -280,6 +280,11 @@ impl LockInternals {
         self
     }
 
+    /// A new attempt's node prefix, with a GUID of its own.
+    pub(crate) fn new_prefix(&self, driver: &dyn LockDriver) -> NodePrefix {
+        NodePrefix::new(&self.dir, &naming::protection(&Uuid::new_v4()), driver.lock_name())
+    }
+
     pub(crate) fn dir(&self) -> &str {
         &self.dir
     }
@@ -296,61 +301,71 @@ impl LockInternals {
     /// is looked for or adopted. `Ok(None)` only with [`Wait::No`] when the lock is taken.
     ///
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
-    pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
-        let mut context = self.context();
-        loop {
-            let closed = || Error::Closed { path: self.dir.to_string() };
-            if context.is_closed() {
-                return Err(closed());
-            }
-            let on_session = OnSession { lock: self, context: &context };
-            // A close cancels the attempt: its node is deleted in the background, as on any drop
-            // (and by the close, which lists every node the attempt could have created: see
-            // `SessionContext::through_gate`). Checked first: an attempt that could go on is not
-            // polled again once the client is closed.
-            let attempt = tokio::select! {
-                biased;
-                () = context.closed() => return Err(closed()),
-                result = async {
-                    match wait {
-                        Wait::Forever => on_session.attempt(driver, wait).await,
-                        // Boxed: laid out beside the waiting attempt's state, a `try_acquire`'s
-                        // would grow every queued waiter's future.
-                        Wait::No => {
-                            Box::pin(async {
-                                let attempt = std::pin::pin!(on_session.attempt(driver, wait));
-                                on_session.while_connected(attempt).await
-                            })
-                            .await
-                        },
-                    }
-                } => result,
-            };
-            let result = match attempt {
-                // Granted while the client was being closed (tracked before the close told its
-                // holds `Lost(SessionClosed)`; nothing is tracked after): not returned. The close
-                // deletes the node — it listed it — and so does the cleanup, should the close be
-                // cancelled.
-                Ok(Some(grant)) if context.is_closed() => {
-                    grant.give_back();
+    #[allow(clippy::manual_async_fn)] // an `async` block keeps the arguments once (`wait_for_turn`)
+    pub(crate) fn attempt<'a>(
+        &'a self,
+        driver: &'a dyn LockDriver,
+        wait: Wait,
+    ) -> impl Future<Output = Result<Option<Grant>>> + 'a {
+        async move {
+            let mut context = self.context();
+            loop {
+                let closed = || Error::Closed { path: self.dir.to_string() };
+                if context.is_closed() {
                     return Err(closed());
-                },
-                // Granted from replies that arrived just before the session ended: the node is
-                // gone (or goes when the server times the session out), so is the lock.
-                Ok(Some(grant)) if context.client().state().is_terminated() => {
-                    grant.context.session.release(&grant.feed);
-                    Err(Error::SessionLost { path: self.dir.to_string(), state: context.client().state().to_string() })
-                },
-                result => result,
-            };
-            let Err(Error::SessionLost { .. }) = &result else { return result };
-            // `acquire` waits for the new session however long establishing it takes (a timeout
-            // around it bounds that); `try_acquire` only takes one already there.
-            let Some(next) = self.client.replacement(&context, wait == Wait::Forever).await else {
-                return if context.is_closed() { Err(closed()) } else { result };
-            };
-            debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
-            context = next;
+                }
+                let on_session = OnSession { lock: self, context: &context };
+                // A close cancels the attempt: its node is deleted in the background, as on any drop
+                // (and by the close, which lists every node the attempt could have created: see
+                // `SessionContext::through_gate`). Checked first: an attempt that could go on is not
+                // polled again once the client is closed.
+                let attempt = tokio::select! {
+                    biased;
+                    () = context.closed() => return Err(closed()),
+                    result = async {
+                        match wait {
+                            Wait::Forever => on_session.attempt(driver, wait).await,
+                            // Boxed: laid out beside the waiting attempt's state, a `try_acquire`'s
+                            // would grow every queued waiter's future.
+                            Wait::No => {
+                                Box::pin(async {
+                                    let attempt = std::pin::pin!(on_session.attempt(driver, wait));
+                                    on_session.while_connected(attempt).await
+                                })
+                                .await
+                            },
+                        }
+                    } => result,
+                };
+                let result = match attempt {
+                    // Granted while the client was being closed (tracked before the close told its
+                    // holds `Lost(SessionClosed)`; nothing is tracked after): not returned. The close
+                    // deletes the node — it listed it — and so does the cleanup, should the close be
+                    // cancelled.
+                    Ok(Some(grant)) if context.is_closed() => {
+                        grant.give_back();
+                        return Err(closed());
+                    },
+                    // Granted from replies that arrived just before the session ended: the node is
+                    // gone (or goes when the server times the session out), so is the lock.
+                    Ok(Some(grant)) if context.client().state().is_terminated() => {
+                        grant.context.session.release(&grant.feed);
+                        Err(Error::SessionLost {
+                            path: self.dir.to_string(),
+                            state: context.client().state().to_string(),
+                        })
+                    },
+                    result => result,
+                };
+                let Err(Error::SessionLost { .. }) = &result else { return result };
+                // `acquire` waits for the new session however long establishing it takes (a timeout
+                // around it bounds that); `try_acquire` only takes one already there.
+                let Some(next) = self.client.replacement(&context, wait == Wait::Forever).await else {
+                    return if context.is_closed() { Err(closed()) } else { result };
+                };
+                debug!(lock_path = self.dir, "session ended during an acquire; queueing again on the new session");
+                context = next;
+            }
         }
     }
 
@@ -431,99 +446,109 @@ struct OnSession<'a> {
     context: &'a Arc<SessionContext>,
 }
 
-impl OnSession<'_> {
+impl<'l> OnSession<'l> {
     /// One acquire attempt. `Ok(None)` only with [`Wait::No`] when the lock is taken.
     ///
     /// Cancel safe: dropping the future at any point deletes the node it may have created.
-    pub(crate) async fn attempt(&self, driver: &dyn LockDriver, wait: Wait) -> Result<Option<Grant>> {
-        // The session monitor heartbeats while we wait, so a grant from the view has fresh
-        // evidence that the session is alive (see `session/monitor.rs`).
-        self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
-        let _ticket = self.context.session.begin_acquire()?;
-        let new_prefix = || NodePrefix::new(&self.lock.dir, &naming::protection(&Uuid::new_v4()), driver.lock_name());
-        self.context.cleanup.remember_runtime();
-        // It keeps the attempt's node prefix (the GUID), read from our node's path once created:
-        // a queued waiter keeps no copy of its own.
-        let mut pending = PendingNode::new(self.context.cleanup.clone(), new_prefix()).not_sent_yet();
-        let mut losses = 0;
-        loop {
-            // A place in the session's window of creates, held until the create and its retries
-            // are answered (so a burst queues here, not ahead of the session's heartbeats at the
-            // server: *A window of creates* in `session/monitor.rs`); taken before a lock-delay's
-            // read too, which is sent as it is made.
-            let slot = self.context.session.create_slot().await;
-            // With a lock-delay, the directory's stat from before our create (sent first: one round
-            // trip still; `delay.rs`).
-            let before = self.lock.lock_delay_of().map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
-            // The future of an acquire is as large as its largest state, and a queued waiter keeps
-            // it for as long as it waits (its heap, issue 24). So every await before the wait is
-            // boxed — the create (784 B with the listing pipelined behind it), the listing still
-            // to come (672 B), a lock-delay's read and its result (96 B, kept while waiting) — and
-            // so are those off the common path (a listing not shared, a create's retries): the
-            // acquire future is 1,360 B, where it was 1,696 with the create inline
-            // (`-Zprint-type-sizes`, release). (Before a session's creates in flight were bounded,
-            // a boxed create left a hole at every grant that the hold's records filled: a burst's
-            // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,
-            // at most that many boxes live at once, and the burst's resident memory is unchanged:
-            // BENCHMARKS.md.)
-            let (mut node, listing) = Box::pin(self.create(&pending.prefix().clone(), driver, &mut pending)).await?;
-            drop(slot);
-            let listing = Box::pin(self.listing_to_come(&node, listing)).await;
-            let before: delay::Before = match before {
-                Some(read) => Some(Box::new(read.await)),
-                None => None,
-            };
-            Span::current().record("sequence", node.sequence);
-            if !naming::in_counter_range(node.sequence) {
-                // At or past the end of the directory's counter: never granted (see `naming`,
-                // *The counter's end*).
-                let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
-                warn!(path = %node.path, "the lock directory's sequence counter is used up: refusing the node");
-                Box::pin(pending.delete_now()).await?;
-                return Err(Error::SequenceWrapped { path: self.lock.dir.to_string(), name });
-            }
-            if self.lock.lock_delay_of().is_some() {
-                // Until handed to the application, our node ends no hold (`delay.rs`, *Give-ups*).
-                let counted = listing.as_ref().map(|listing| listing.dir_stat);
-                let mark = counted.and_then(|counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
-                pending.give_up_with_mark(mark);
-            }
-            match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {
-                Turn::Acquired { own_watch, handoff } => {
-                    // (The hold of a lock whose node needs no watching is handed a watch that
-                    // never fires: the monitor sets none either.)
-                    let own_watch = if self.lock.watch_own_node { own_watch } else { Some(NodeWatch::never()) };
-                    let Some(feed) = self.vouched_hold(&node, own_watch, wait).await? else {
+    #[allow(clippy::manual_async_fn)] // an `async` block keeps the arguments once (`wait_for_turn`)
+    pub(crate) fn attempt<'a>(
+        &'a self,
+        driver: &'a dyn LockDriver,
+        wait: Wait,
+    ) -> impl Future<Output = Result<Option<Grant>>> + use<'a, 'l> {
+        async move {
+            // The session monitor heartbeats while we wait, so a grant from the view has fresh
+            // evidence that the session is alive (see `session/monitor.rs`).
+            self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
+            let _ticket = self.context.session.begin_acquire()?;
+            self.context.cleanup.remember_runtime();
+            // It keeps the attempt's node prefix (the GUID), read from our node's path once created:
+            // a queued waiter keeps no copy of its own.
+            let mut pending =
+                PendingNode::new(self.context.cleanup.clone(), self.lock.new_prefix(driver)).not_sent_yet();
+            let mut losses = 0;
+            loop {
+                // A place in the session's window of creates, held until the create and its retries
+                // are answered (so a burst queues here, not ahead of the session's heartbeats at the
+                // server: *A window of creates* in `session/monitor.rs`); taken before a lock-delay's
+                // read too, which is sent as it is made.
+                let slot = self.context.session.create_slot().await;
+                // With a lock-delay, the directory's stat from before our create (sent first: one round
+                // trip still; `delay.rs`).
+                let before =
+                    self.lock.lock_delay_of().map(|_| Box::pin(self.context.client().get_data(&self.lock.dir)));
+                // The future of an acquire is as large as its largest state, and a queued waiter keeps
+                // it for as long as it waits (its heap, issue 24). So every await before the wait is
+                // boxed — the create (784 B with the listing pipelined behind it), the listing still
+                // to come (672 B), a lock-delay's read and its result (96 B, kept while waiting) — and
+                // so are those off the common path (a listing not shared, a create's retries): the
+                // acquire future is 1,360 B, where it was 1,696 with the create inline
+                // (`-Zprint-type-sizes`, release). (Before a session's creates in flight were bounded,
+                // a boxed create left a hole at every grant that the hold's records filled: a burst's
+                // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,
+                // at most that many boxes live at once, and the burst's resident memory is unchanged:
+                // BENCHMARKS.md.)
+                let (mut node, listing) =
+                    Box::pin(self.create(&pending.prefix().clone(), driver, &mut pending)).await?;
+                drop(slot);
+                let listing = Box::pin(self.listing_to_come(&node, listing)).await;
+                let before: delay::Before = match before {
+                    Some(read) => Some(Box::new(read.await)),
+                    None => None,
+                };
+                Span::current().record("sequence", node.sequence);
+                if !naming::in_counter_range(node.sequence) {
+                    // At or past the end of the directory's counter: never granted (see `naming`,
+                    // *The counter's end*).
+                    let name = node.path.rsplit('/').next().unwrap_or_default().to_owned();
+                    warn!(path = %node.path, "the lock directory's sequence counter is used up: refusing the node");
+                    Box::pin(pending.delete_now()).await?;
+                    return Err(Error::SequenceWrapped { path: self.lock.dir.to_string(), name });
+                }
+                if self.lock.lock_delay_of().is_some() {
+                    // Until handed to the application, our node ends no hold (`delay.rs`, *Give-ups*).
+                    let counted = listing.as_ref().map(|listing| listing.dir_stat);
+                    let mark = counted.and_then(|counted| delay::give_up_mark(&counted, delay::marks_before(&before)));
+                    pending.give_up_with_mark(mark);
+                }
+                match self.wait_for_turn(driver, &mut node, listing, wait, &before).await? {
+                    Turn::Acquired { own_watch, handoff } => {
+                        // (The hold of a lock whose node needs no watching is handed a watch that
+                        // never fires: the monitor sets none either.)
+                        let own_watch = if self.lock.watch_own_node { own_watch } else { Some(NodeWatch::never()) };
+                        let Some(feed) = self.vouched_hold(&node, own_watch, wait).await? else {
+                            Box::pin(pending.delete_now()).await?;
+                            return Ok(None);
+                        };
+                        pending.disarm();
+                        return Ok(Some(Grant {
+                            node,
+                            feed,
+                            context: self.context.clone(),
+                            handoff,
+                            revocable: self.lock.revocable,
+                        }));
+                    },
+                    Turn::NotNow => {
                         Box::pin(pending.delete_now()).await?;
                         return Ok(None);
-                    };
-                    pending.disarm();
-                    return Ok(Some(Grant {
-                        node,
-                        feed,
-                        context: self.context.clone(),
-                        handoff,
-                        revocable: self.lock.revocable,
-                    }));
-                },
-                Turn::NotNow => {
-                    Box::pin(pending.delete_now()).await?;
-                    return Ok(None);
-                },
-                Turn::NodeGone => {
-                    losses += 1;
-                    debug!(path = &*node.path, losses, "our lock node was deleted while waiting");
-                    if losses >= MAX_NODE_LOSSES {
-                        return Err(Error::LockNodeDeleted { path: self.lock.dir.to_string() });
-                    }
-                    // Gone, as far as we can tell; should it still exist, this deletes it.
-                    pending.abandon_node();
-                    // The next node gets a GUID of its own: in a lock directory deleted and made
-                    // again its sequence number may be the old node's, and a late delete of the
-                    // old path must not find it (`session/cleanup.rs`, `Deletion`; review S).
-                    let fresh = PendingNode::new(self.context.cleanup.clone(), new_prefix()).not_sent_yet();
-                    std::mem::replace(&mut pending, fresh).retire();
-                },
+                    },
+                    Turn::NodeGone => {
+                        losses += 1;
+                        debug!(path = &*node.path, losses, "our lock node was deleted while waiting");
+                        if losses >= MAX_NODE_LOSSES {
+                            return Err(Error::LockNodeDeleted { path: self.lock.dir.to_string() });
+                        }
+                        // Gone, as far as we can tell; should it still exist, this deletes it.
+                        pending.abandon_node();
+                        // The next node gets a GUID of its own: in a lock directory deleted and made
+                        // again its sequence number may be the old node's, and a late delete of the
+                        // old path must not find it (`session/cleanup.rs`, `Deletion`; review S).
+                        let fresh =
+                            PendingNode::new(self.context.cleanup.clone(), self.lock.new_prefix(driver)).not_sent_yet();
+                        std::mem::replace(&mut pending, fresh).retire();
+                    },
+                }
             }
         }
     }
@@ -612,7 +637,7 @@ impl OnSession<'_> {
     async fn attempt_beside(&self, driver: &dyn LockDriver, anchor: &LockNode, wait: Wait) -> Result<Option<Grant>> {
         self.context.session.min_session_timeout(self.lock.min_session_timeout_of());
         let _ticket = self.context.session.begin_acquire()?;
-        let prefix = NodePrefix::new(&self.lock.dir, &naming::protection(&Uuid::new_v4()), driver.lock_name());
+        let prefix = self.lock.new_prefix(driver);
         self.context.cleanup.remember_runtime();
         let mut pending = PendingNode::new(self.context.cleanup.clone(), prefix.clone());
         // The anchor's sequence number spelled as the server spells it (`%010d`).
@@ -1053,213 +1078,226 @@ impl OnSession<'_> {
     }
 
     /// Step 3: waits until the driver says our node holds the lock.
-    async fn wait_for_turn(
-        &self,
-        driver: &dyn LockDriver,
-        node: &mut LockNode,
+    ///
+    /// An `async` block over the arguments, not an `async fn`, which would keep them twice in
+    /// every queued waiter's future (rust-lang/rust#62958; issue 24).
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    fn wait_for_turn<'a>(
+        &'a self,
+        driver: &'a dyn LockDriver,
+        node: &'a mut LockNode,
         pipelined: Option<Arc<Listing>>,
         wait: Wait,
-        before: &delay::Before,
-    ) -> Result<Turn> {
-        let queue = driver.queue();
-        let mut ours = LockChild {
-            name: node.path.get(self.lock.dir.len() + 1..).unwrap_or_default().into(),
-            sequence: node.sequence,
-            kind: node.kind,
-        };
-        // The pipelined listing was answered after our create, so it contains our node; should it
-        // not (a reply from another connection), list again before concluding anything.
-        let mut relisted = pipelined.is_none();
-        let mut listing = match pipelined {
-            Some(listing) => Some(listing),
-            None => Box::pin(self.listing(queue)).await?,
-        };
-        let (listing, ours_at) = loop {
-            let Some(current) = listing else {
-                return Ok(Turn::NodeGone);
+        before: &'a delay::Before,
+    ) -> impl Future<Output = Result<Turn>> + use<'a, 'l> {
+        async move {
+            let queue = driver.queue();
+            let mut ours = LockChild {
+                name: node.path.get(self.lock.dir.len() + 1..).unwrap_or_default().into(),
+                sequence: node.sequence,
+                kind: node.kind,
             };
-            if let Some(index) = current.position(&ours) {
-                // The listing's copy of our name: the one the view keeps (one allocation, shared).
-                ours.clone_from(&current.children[index]);
-                break (current, index);
-            }
-            if relisted {
-                return Ok(Turn::NodeGone);
-            }
-            relisted = true;
-            listing = Box::pin(self.listing(queue)).await?;
-        };
-        match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
-            Decision::Acquired => {
-                if let Some(delay) = self.lock.lock_delay_of() {
-                    // Decided by this listing, on our session after our create: its stat counts
-                    // the deletion of every node we would have waited for (`delay.rs`).
-                    let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
-                    node.served = match delay::settle(&self.server_dir(), &listing.dir_stat, verdict, delay) {
-                        delay::Settled::Stands(served) => Some(served),
-                        delay::Settled::At(..) if wait == Wait::No => return Ok(Turn::NotNow),
-                        delay::Settled::At(until, served) => {
-                            drop(listing);
-                            let mut own_watch = self.watch(node.path.clone());
-                            if let Some(turn) = Box::pin(self.serve_delay(&node.path, until, &mut own_watch)).await? {
-                                return Ok(turn);
-                            }
-                            served
-                        },
-                    };
+            // The pipelined listing was answered after our create, so it contains our node; should it
+            // not (a reply from another connection), list again before concluding anything.
+            let mut relisted = pipelined.is_none();
+            let mut listing = match pipelined {
+                Some(listing) => Some(listing),
+                None => Box::pin(self.listing(queue)).await?,
+            };
+            let (listing, ours_at) = loop {
+                let Some(current) = listing else {
+                    return Ok(Turn::NodeGone);
+                };
+                if let Some(index) = current.position(&ours) {
+                    // The listing's copy of our name: the one the view keeps (one allocation, shared).
+                    ours.clone_from(&current.children[index]);
+                    break (current, index);
                 }
-                return Ok(Turn::Acquired { own_watch: None, handoff: false });
-            },
-            Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
-            Decision::WaitFor(_) => {},
-        }
-
-        // Wait with the process's shared view of the directory (see `engine/view.rs` for why deciding
-        // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
-        // the lock without listing the directory again.
-        let view = DirView::of(&self.server_dir(), queue, &listing.dir_stat);
-        view.merge(&listing.children, ours.sequence, driver.admits_nodes_beside());
-        // Whether a grant from the view must be confirmed by a listing (`view.rs`, *Nodes created
-        // beside another*): decided by the latest listing, this one until we list again.
-        let mut confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
-        drop(listing);
-        // Our own node is watched too: if someone deletes it while we wait, we must not be granted
-        // the lock when our predecessor goes. The server sends a session's replies and events in
-        // order, and the select below polls our own watch first: once the server has confirmed
-        // our watch (its reply came first), a deletion of our node before our predecessor's is
-        // seen first. That holds while the watch is armed and the connection has not been
-        // re-established since (re-registered watches fire in no particular order); otherwise —
-        // the watch not set yet, or its reply not in — we check our node once more before taking
-        // the lock: a read answered after our predecessor's deletion was seen.
-        //
-        // The watch is set only once our turn is near (`view.rs`, *Near turns*): a waiter deep in
-        // the queue keeps none (a request and about 0.75 KB of memory less while it waits, issue
-        // 24). In a queue drained through this process, each deletion the view records brings the
-        // next waiters near, so a waiter's watch is set about two handoffs before its turn and its
-        // grant needs no read.
-        let mut own_watch = if self.lock.watch_own_node { NodeWatch::unset() } else { NodeWatch::never() };
-        let mut own_watch_trusted = true;
-        let mut session = self.context.client().state_watcher();
-        session.state();
-        'waiting: loop {
-            let predecessor = 'decided: {
-                match view.decide(driver, &ours) {
-                    None => return Ok(Turn::NodeGone),
-                    Some(Decision::Acquired) if confirm => {
-                        // A node created beside a write node ahead of us may have appeared since we
-                        // listed: decide from a listing taken now instead (`view.rs`).
-                        debug!(path = &*node.path, "granted from the view; confirming with a listing");
-                        let Some(listing) = Box::pin(self.listing(queue)).await? else {
-                            view.deleted(&ours);
-                            return Ok(Turn::NodeGone);
-                        };
-                        // Answered after our create, on our session: our node is listed unless gone.
-                        let Some(ours_at) = listing.position(&ours) else {
-                            view.deleted(&ours);
-                            return Ok(Turn::NodeGone);
-                        };
-                        // The listing is now the latest: merged, it decides (from the view, which has
-                        // every node it shows ahead) whether we wait, and whether to confirm again.
-                        view.merge(&listing.children[..=ours_at], ours.sequence, driver.admits_nodes_beside());
-                        confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
-                        continue 'waiting;
-                    },
-                    Some(Decision::Acquired) => {
-                        // Take in any event already delivered for our own node (one poll, no wait).
-                        tokio::select! {
-                            biased;
-                            event = &mut own_watch => {
-                                if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
-                                    return end;
+                if relisted {
+                    return Ok(Turn::NodeGone);
+                }
+                relisted = true;
+                listing = Box::pin(self.listing(queue)).await?;
+            };
+            match driver.decide(ours.kind, &mut listing.children[..ours_at].iter().rev()) {
+                Decision::Acquired => {
+                    if let Some(delay) = self.lock.lock_delay_of() {
+                        // Decided by this listing, on our session after our create: its stat counts
+                        // the deletion of every node we would have waited for (`delay.rs`).
+                        let verdict = delay::verdict(&listing.dir_stat, delay::marks_before(before));
+                        node.served = match delay::settle(&self.server_dir(), &listing.dir_stat, verdict, delay) {
+                            delay::Settled::Stands(served) => Some(served),
+                            delay::Settled::At(..) if wait == Wait::No => return Ok(Turn::NotNow),
+                            delay::Settled::At(until, served) => {
+                                drop(listing);
+                                let mut own_watch = self.watch(node.path.clone());
+                                if let Some(turn) =
+                                    Box::pin(self.serve_delay(&node.path, until, &mut own_watch)).await?
+                                {
+                                    return Ok(turn);
                                 }
+                                served
                             },
-                            _ = std::future::ready(()) => {},
-                        }
-                        if !(own_watch_trusted && own_watch.is_armed()) {
-                            debug!(
-                                path = &*node.path,
-                                watch_set = !own_watch.is_unset(),
-                                own_watch_trusted,
-                                "granted from the view before our own node's watch was confirmed; reading the node"
-                            );
-                            match Box::pin(retry_unknown(|| self.context.client().check_stat(&node.path))).await {
-                                Ok(Some(_)) => {},
-                                Ok(None) => {
-                                    view.deleted(&ours);
-                                    return Ok(Turn::NodeGone);
-                                },
-                                Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
-                                Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
-                            }
-                        }
-                        match self.lock.lock_delay_of() {
-                            None => {},
-                            Some(delay) => match Box::pin(self.delay_verdict(driver, &ours, before)).await? {
-                                DelayCheck::NodeGone => {
-                                    view.deleted(&ours);
-                                    return Ok(Turn::NodeGone);
-                                },
-                                // Our server has not applied a deletion the shared view has seen:
-                                // wait for that node on our session, then decide again.
-                                DelayCheck::Behind(blocker) => break 'decided blocker,
-                                DelayCheck::Verdict(counted, verdict) => {
-                                    node.served = match delay::settle(&self.server_dir(), &counted, verdict, delay) {
-                                        delay::Settled::Stands(served) => Some(served),
-                                        delay::Settled::At(until, served) => {
-                                            if own_watch.is_unset() {
-                                                own_watch = self.watch(node.path.clone());
-                                            }
-                                            if let Some(turn) =
-                                                Box::pin(self.serve_delay(&node.path, until, &mut own_watch)).await?
-                                            {
-                                                view.deleted(&ours);
-                                                return Ok(turn);
-                                            }
-                                            served
-                                        },
+                        };
+                    }
+                    return Ok(Turn::Acquired { own_watch: None, handoff: false });
+                },
+                Decision::WaitFor(_) if wait == Wait::No => return Ok(Turn::NotNow),
+                Decision::WaitFor(_) => {},
+            }
+
+            // Wait with the process's shared view of the directory (see `engine/view.rs` for why deciding
+            // from it is safe): a waiter woken by its predecessor's deletion usually knows it holds
+            // the lock without listing the directory again.
+            let view = DirView::of(&self.server_dir(), queue, &listing.dir_stat);
+            view.merge(&listing.children, ours.sequence, driver.admits_nodes_beside());
+            // Whether a grant from the view must be confirmed by a listing (`view.rs`, *Nodes created
+            // beside another*): decided by the latest listing, this one until we list again.
+            let mut confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
+            drop(listing);
+            // Our own node is watched too: if someone deletes it while we wait, we must not be granted
+            // the lock when our predecessor goes. The server sends a session's replies and events in
+            // order, and the select below polls our own watch first: once the server has confirmed
+            // our watch (its reply came first), a deletion of our node before our predecessor's is
+            // seen first. That holds while the watch is armed and the connection has not been
+            // re-established since (re-registered watches fire in no particular order); otherwise —
+            // the watch not set yet, or its reply not in — we check our node once more before taking
+            // the lock: a read answered after our predecessor's deletion was seen.
+            //
+            // The watch is set only once our turn is near (`view.rs`, *Near turns*): a waiter deep in
+            // the queue keeps none (a request and about 0.75 KB of memory less while it waits, issue
+            // 24). In a queue drained through this process, each deletion the view records brings the
+            // next waiters near, so a waiter's watch is set about two handoffs before its turn and its
+            // grant needs no read.
+            let mut own_watch = if self.lock.watch_own_node { NodeWatch::unset() } else { NodeWatch::never() };
+            let mut own_watch_trusted = true;
+            let mut session = self.context.client().state_watcher();
+            session.state();
+            'waiting: loop {
+                let predecessor = 'decided: {
+                    match view.decide(driver, &ours) {
+                        None => return Ok(Turn::NodeGone),
+                        Some(Decision::Acquired) if confirm => {
+                            // A node created beside a write node ahead of us may have appeared since we
+                            // listed: decide from a listing taken now instead (`view.rs`).
+                            debug!(path = &*node.path, "granted from the view; confirming with a listing");
+                            let Some(listing) = Box::pin(self.listing(queue)).await? else {
+                                view.deleted(&ours);
+                                return Ok(Turn::NodeGone);
+                            };
+                            // Answered after our create, on our session: our node is listed unless gone.
+                            let Some(ours_at) = listing.position(&ours) else {
+                                view.deleted(&ours);
+                                return Ok(Turn::NodeGone);
+                            };
+                            // The listing is now the latest: merged, it decides (from the view, which has
+                            // every node it shows ahead) whether we wait, and whether to confirm again.
+                            view.merge(&listing.children[..=ours_at], ours.sequence, driver.admits_nodes_beside());
+                            confirm = driver.confirm_grant(ours.kind, &listing.children[..ours_at]);
+                            continue 'waiting;
+                        },
+                        Some(Decision::Acquired) => {
+                            // Take in any event already delivered for our own node (one poll, no wait).
+                            tokio::select! {
+                                biased;
+                                event = &mut own_watch => {
+                                    if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
+                                        return end;
                                     }
                                 },
-                            },
-                        }
-                        node.view = Some(view);
-                        // Handed to the hold, which keeps watching our node with it (one not set
-                        // yet is set by the session: `session/monitor.rs`).
-                        let own_watch = (!own_watch.is_unset()).then_some(own_watch);
-                        return Ok(Turn::Acquired { own_watch, handoff: true });
-                    },
-                    Some(Decision::WaitFor(predecessor)) => predecessor,
-                }
-            };
-            // One copy of the path, shared with the watch (kept by every queued waiter).
-            let predecessor_path: Arc<str> = format!("{}/{}", self.lock.dir, predecessor.name).into();
-            debug!(predecessor = &*predecessor_path, "waiting for predecessor");
-            // Only its event matters, not when it is armed: no flag (an allocation less).
-            let mut predecessor_watch = watch_node_untracked(self.context.cleanup.clone(), predecessor_path.clone());
-            let mut near = own_watch.is_unset().then(|| view.near(predecessor.sequence, ours.sequence));
-            loop {
-                tokio::select! {
-                    biased;
-                    event = &mut own_watch => {
-                        if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
-                            return end;
-                        }
-                    },
-                    true = async { match near.as_mut() { Some(near) => { near.await; true }, None => false } }, if near.is_some() => {
-                        // Our turn is near: watch our node (the request goes out when the first
-                        // branch polls it, right after this).
-                        near = None;
-                        own_watch = self.watch(node.path.clone());
-                    },
-                    _ = session.changed() => own_watch_trusted = false,
-                    event = &mut predecessor_watch => {
-                        match event {
-                            Watched::Deleted => view.deleted(&predecessor),
-                            Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
-                            Watched::Refused(err) => return Err(Error::zk("watch the lock node", &predecessor_path, err)),
-                            Watched::Other => {},
-                        }
-                        break;
-                    },
+                                _ = std::future::ready(()) => {},
+                            }
+                            if !(own_watch_trusted && own_watch.is_armed()) {
+                                debug!(
+                                    path = &*node.path,
+                                    watch_set = !own_watch.is_unset(),
+                                    own_watch_trusted,
+                                    "granted from the view before our own node's watch was confirmed; reading the node"
+                                );
+                                match Box::pin(retry_unknown(|| self.context.client().check_stat(&node.path))).await {
+                                    Ok(Some(_)) => {},
+                                    Ok(None) => {
+                                        view.deleted(&ours);
+                                        return Ok(Turn::NodeGone);
+                                    },
+                                    Err(err) if session_dead(&err) => return Err(self.session_lost(err.to_string())),
+                                    Err(err) => return Err(Error::zk("check lock node", &node.path, err)),
+                                }
+                            }
+                            match self.lock.lock_delay_of() {
+                                None => {},
+                                Some(delay) => match Box::pin(self.delay_verdict(driver, &ours, before)).await? {
+                                    DelayCheck::NodeGone => {
+                                        view.deleted(&ours);
+                                        return Ok(Turn::NodeGone);
+                                    },
+                                    // Our server has not applied a deletion the shared view has seen:
+                                    // wait for that node on our session, then decide again.
+                                    DelayCheck::Behind(blocker) => break 'decided blocker,
+                                    DelayCheck::Verdict(counted, verdict) => {
+                                        node.served = match delay::settle(&self.server_dir(), &counted, verdict, delay)
+                                        {
+                                            delay::Settled::Stands(served) => Some(served),
+                                            delay::Settled::At(until, served) => {
+                                                if own_watch.is_unset() {
+                                                    own_watch = self.watch(node.path.clone());
+                                                }
+                                                if let Some(turn) =
+                                                    Box::pin(self.serve_delay(&node.path, until, &mut own_watch))
+                                                        .await?
+                                                {
+                                                    view.deleted(&ours);
+                                                    return Ok(turn);
+                                                }
+                                                served
+                                            },
+                                        }
+                                    },
+                                },
+                            }
+                            node.view = Some(view);
+                            // Handed to the hold, which keeps watching our node with it (one not set
+                            // yet is set by the session: `session/monitor.rs`).
+                            let own_watch = (!own_watch.is_unset()).then_some(own_watch);
+                            return Ok(Turn::Acquired { own_watch, handoff: true });
+                        },
+                        Some(Decision::WaitFor(predecessor)) => predecessor,
+                    }
+                };
+                debug!(predecessor = &*predecessor.name, "waiting for predecessor");
+                // Only its event matters, not when it is armed; its path is not kept but made from
+                // our node's and its name when the watch is set (issue 24).
+                let mut predecessor_watch =
+                    watch_sibling(self.context.cleanup.clone(), node.path.clone(), predecessor.name.clone());
+                let mut near = own_watch.is_unset().then(|| view.near(predecessor.sequence, ours.sequence));
+                loop {
+                    tokio::select! {
+                        biased;
+                        event = &mut own_watch => {
+                            if let Some(end) = self.own_node_event(event, &view, &ours, &mut own_watch, &mut own_watch_trusted) {
+                                return end;
+                            }
+                        },
+                        true = async { match near.as_mut() { Some(near) => { near.await; true }, None => false } }, if near.is_some() => {
+                            // Our turn is near: watch our node (the request goes out when the first
+                            // branch polls it, right after this).
+                            near = None;
+                            own_watch = self.watch(node.path.clone());
+                        },
+                        _ = session.changed() => own_watch_trusted = false,
+                        event = &mut predecessor_watch => {
+                            match event {
+                                Watched::Deleted => view.deleted(&predecessor),
+                                Watched::SessionDead(state) => return Err(self.session_lost(state.to_string())),
+                                Watched::Refused(err) => {
+                                    let path = format!("{}/{}", self.lock.dir, predecessor.name);
+                                    return Err(Error::zk("watch the lock node", &path, err));
+                                },
+                                Watched::Other => {},
+                            }
+                            break;
+                        },
+                    }
                 }
             }
         }

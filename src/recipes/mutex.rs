@@ -351,27 +351,33 @@ impl InterProcessMutex {
         Ok(output)
     }
 
-    async fn acquire_with(
+    #[allow(clippy::manual_async_fn)] // an `async` block keeps the arguments once (`queue`)
+    fn acquire_with(
         &self,
         wait: Wait,
         timeout: Option<Duration>,
         lease: Option<Duration>,
-    ) -> Result<Option<LockGuard>> {
-        let started = std::time::Instant::now();
-        if let Some(hold) = scope_hold(&self.inner.holds) {
-            if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
-                metrics::acquire(self.inner.recipe, Outcome::Reentered, started.elapsed());
-                // A lease asked for on re-entry moves the hold's lease (shared by its guards).
-                if let Some(lease) = lease {
-                    guard.extend(lease)?;
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + '_ {
+        async move {
+            let started = std::time::Instant::now();
+            if let Some(hold) = scope_hold(&self.inner.holds) {
+                if let Some(guard) = LockGuard::reentered(&self.inner.holds, &hold)? {
+                    metrics::acquire(self.inner.recipe, Outcome::Reentered, started.elapsed());
+                    // A lease asked for on re-entry moves the hold's lease (shared by its guards).
+                    if let Some(lease) = lease {
+                        guard.extend(lease)?;
+                    }
+                    return Ok(Some(guard));
                 }
-                return Ok(Some(guard));
             }
-        }
-        // Only the anchor is kept across the await (an `Entry` result would be, at its 72 bytes,
-        // in every queued waiter's future: matched as a temporary, never bound to a name).
-        let anchor =
-            match self.inner.entry.as_ref().map_or(Ok(Entry::Queue), |rule| (rule.rule)(&rule.other, self.path())) {
+            // Only the anchor is kept across the await (an `Entry` result would be, at its 72 bytes,
+            // in every queued waiter's future: matched as a temporary, never bound to a name).
+            let anchor = match self
+                .inner
+                .entry
+                .as_ref()
+                .map_or(Ok(Entry::Queue), |rule| (rule.rule)(&rule.other, self.path()))
+            {
                 Ok(Entry::Queue) => None,
                 Ok(Entry::Beside { anchor }) => Some(anchor),
                 Err(err) => {
@@ -379,68 +385,74 @@ impl InterProcessMutex {
                     return Err(err);
                 },
             };
-        let result = self.queue(anchor, wait, timeout, lease).await;
-        let outcome = match &result {
-            Ok(Some(_)) => Outcome::Acquired,
-            Ok(None) if timeout.is_some() => Outcome::TimedOut,
-            Ok(None) => Outcome::NotAvailable,
-            Err(_) => Outcome::Failed,
-        };
-        metrics::acquire(self.inner.recipe, outcome, started.elapsed());
-        result
+            let result = self.queue(anchor, wait, timeout, lease).await;
+            let outcome = match &result {
+                Ok(Some(_)) => Outcome::Acquired,
+                Ok(None) if timeout.is_some() => Outcome::TimedOut,
+                Ok(None) => Outcome::NotAvailable,
+                Err(_) => Outcome::Failed,
+            };
+            metrics::acquire(self.inner.recipe, outcome, started.elapsed());
+            result
+        }
     }
 
     /// An acquire that queues a node with the lock's driver (no re-entry) — or, with `anchor`,
     /// creates one beside the anchor's node and is granted at once (a downgrade from it).
-    async fn queue(
+    /// An `async` block over the arguments, not an `async fn`, which would keep them twice in
+    /// every queued waiter's future (rust-lang/rust#62958; issue 24).
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    fn queue(
         &self,
         anchor: Option<Record<Hold>>,
         wait: Wait,
         timeout: Option<Duration>,
         lease: Option<Duration>,
-    ) -> Result<Option<LockGuard>> {
-        let driver = self.inner.driver;
-        let span = info_span!(
-            "acquire",
-            lock_path = %self.path(),
-            lock = driver.lock_name(),
-            beside = anchor.as_ref().map(|anchor| anchor.node.sequence),
-            sequence = field::Empty
-        );
-        let internals = &self.inner.internals;
-        // Pinned where it lives: moved into the timeout instead, it would be laid out twice in this
-        // future (every queued waiter's memory).
-        let node = {
-            let attempt = std::pin::pin!(async {
-                match &anchor {
-                    None => internals.attempt(driver, wait).await,
-                    // Boxed: a downgrade is rare, and its state would otherwise be laid out beside
-                    // the common attempt's in every acquire's future (every queued waiter's memory).
-                    Some(anchor) => {
-                        Box::pin(internals.attempt_beside(driver, &anchor.node, &anchor.context, wait)).await
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + '_ {
+        async move {
+            let driver = self.inner.driver;
+            let span = info_span!(
+                "acquire",
+                lock_path = %self.path(),
+                lock = driver.lock_name(),
+                beside = anchor.as_ref().map(|anchor| anchor.node.sequence),
+                sequence = field::Empty
+            );
+            let internals = &self.inner.internals;
+            // Pinned where it lives: moved into the timeout instead, it would be laid out twice in this
+            // future (every queued waiter's memory).
+            let node = {
+                let attempt = std::pin::pin!(async {
+                    match &anchor {
+                        None => internals.attempt(driver, wait).await,
+                        // Boxed: a downgrade is rare, and its state would otherwise be laid out beside
+                        // the common attempt's in every acquire's future (every queued waiter's memory).
+                        Some(anchor) => {
+                            Box::pin(internals.attempt_beside(driver, &anchor.node, &anchor.context, wait)).await
+                        },
+                    }
+                }
+                .instrument(span));
+                match timeout {
+                    None => attempt.await?,
+                    Some(timeout) => {
+                        // The timeout's timer would panic on a runtime without timers: say so instead.
+                        check_runtime()?;
+                        // Boxed (the timer, not the attempt): laid out beside the attempt, it would
+                        // grow every queued waiter's future, with a timeout or not.
+                        Box::pin(tokio::time::timeout(timeout, attempt)).await.unwrap_or(Ok(None))?
                     },
                 }
+            };
+            let Some(guard) = node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)) else {
+                return Ok(None);
+            };
+            // The hold's lease (this acquire's, else the lock's), from the grant.
+            if let Some(lease) = lease.or(self.inner.internals.hold_lease()) {
+                guard.extend(lease)?;
             }
-            .instrument(span));
-            match timeout {
-                None => attempt.await?,
-                Some(timeout) => {
-                    // The timeout's timer would panic on a runtime without timers: say so instead.
-                    check_runtime()?;
-                    // Boxed (the timer, not the attempt): laid out beside the attempt, it would
-                    // grow every queued waiter's future, with a timeout or not.
-                    Box::pin(tokio::time::timeout(timeout, attempt)).await.unwrap_or(Ok(None))?
-                },
-            }
-        };
-        let Some(guard) = node.map(|grant| LockGuard::granted(&self.inner.holds, grant, anchor)) else {
-            return Ok(None);
-        };
-        // The hold's lease (this acquire's, else the lock's), from the grant.
-        if let Some(lease) = lease.or(self.inner.internals.hold_lease()) {
-            guard.extend(lease)?;
+            Ok(Some(guard))
         }
-        Ok(Some(guard))
     }
 
     fn released_meanwhile(&self) -> Error {

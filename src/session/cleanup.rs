@@ -587,32 +587,40 @@ pub(crate) struct NodePrefix {
     /// The prefix, or a path that begins with it.
     text: Arc<str>,
     /// Where the directory ends (the `/` after it).
-    dir_end: usize,
+    dir_end: u32,
     /// Where the protection (`_c_<guid>-`) ends.
-    protection_end: usize,
+    protection_end: u32,
     /// Where the prefix ends.
-    end: usize,
+    end: u32,
 }
 
 impl NodePrefix {
+    /// (Offsets as `u32`: a queued waiter keeps two copies of this. A path longer than 4 GiB
+    /// cannot be sent to ZooKeeper; its offsets saturate and it is refused by the server.)
     pub(crate) fn new(dir: &str, protection: &str, lock_name: &str) -> NodePrefix {
         let text: Arc<str> = format!("{dir}/{protection}{lock_name}").into();
-        NodePrefix { dir_end: dir.len(), protection_end: dir.len() + 1 + protection.len(), end: text.len(), text }
+        let at = |offset: usize| u32::try_from(offset).unwrap_or(u32::MAX);
+        NodePrefix {
+            dir_end: at(dir.len()),
+            protection_end: at(dir.len() + 1 + protection.len()),
+            end: at(text.len()),
+            text,
+        }
     }
 
     /// The whole prefix: a sequential create's path.
     pub(crate) fn as_str(&self) -> &str {
-        self.text.get(..self.end).unwrap_or_default()
+        self.text.get(..self.end as usize).unwrap_or_default()
     }
 
     /// The lock directory.
     pub(crate) fn dir(&self) -> &str {
-        self.text.get(..self.dir_end).unwrap_or_default()
+        self.text.get(..self.dir_end as usize).unwrap_or_default()
     }
 
     /// The attempt's protection, `_c_<guid>-`.
     pub(crate) fn protection(&self) -> &str {
-        self.text.get(self.dir_end + 1..self.protection_end).unwrap_or_default()
+        self.text.get(self.dir_end as usize + 1..self.protection_end as usize).unwrap_or_default()
     }
 
     /// Reads the prefix from `path` from now on, if it begins with it (one allocation less).

@@ -1,6 +1,7 @@
 //! Data watches on nodes: the one primitive both the acquire loop (watching a predecessor and
 //! our own node) and the session monitor (watching a held node) wait on.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,37 +93,75 @@ impl Future for NodeWatch {
 /// client send a request to remove it.
 pub(crate) fn watch_node(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
     let armed = Arc::new(AtomicBool::new(false));
-    let fired = Box::pin(watch_once(cleanup, path, Some(armed.clone())));
+    let fired = Box::pin(watch_once(cleanup, NodePath::Path(path), Some(armed.clone())));
     NodeWatch { armed: Armed::Flag(armed), fired: Some(fired) }
 }
 
-/// [`watch_node`] without the "armed" flag (an allocation less): for a watch whose owner only
-/// waits for it to fire (a waiter's predecessor); [`NodeWatch::is_armed`] stays false.
-pub(crate) fn watch_node_untracked(cleanup: Arc<Cleanup>, path: Arc<str>) -> NodeWatch {
-    NodeWatch { armed: Armed::Untracked, fired: Some(Box::pin(watch_once(cleanup, path, None))) }
+/// [`watch_node`] on the node `name` beside the node at `sibling` (in its directory), without the
+/// "armed" flag: for a watch whose owner only waits for it to fire (a waiter's predecessor), so
+/// [`NodeWatch::is_armed`] stays false. Neither the path nor the flag is allocated (issue 24).
+pub(crate) fn watch_sibling(cleanup: Arc<Cleanup>, sibling: Arc<str>, name: Arc<str>) -> NodeWatch {
+    let fired = Box::pin(watch_once(cleanup, NodePath::Sibling { sibling, name }, None));
+    NodeWatch { armed: Armed::Untracked, fired: Some(fired) }
+}
+
+/// Where a watched node is.
+enum NodePath {
+    Path(Arc<str>),
+    /// The node `name` in the directory of the node at `sibling`.
+    Sibling {
+        sibling: Arc<str>,
+        name: Arc<str>,
+    },
+}
+
+impl NodePath {
+    fn path(&self) -> Cow<'_, str> {
+        match self {
+            NodePath::Path(path) => Cow::Borrowed(path),
+            NodePath::Sibling { sibling, name } => {
+                let dir = sibling.rsplit_once('/').map_or("", |(dir, _)| dir);
+                Cow::Owned(format!("{dir}/{name}"))
+            },
+        }
+    }
 }
 
 /// [`watch_node`]'s future; `set` is set once the server confirmed the watch.
 ///
 /// Setting the watch (the request, its retries) runs in a box of its own, freed once the watch
 /// is set: what is kept while waiting for the event is the client's watcher and little else.
-async fn watch_once(cleanup: Arc<Cleanup>, path: Arc<str>, set: Option<Arc<AtomicBool>>) -> Watched {
-    tracing::trace!(path = &*path, "setting a data watch");
-    // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it to
-    // a session without READ. Its directory's children are watched instead.
-    let mut readable = true;
-    loop {
-        let watcher = match Box::pin(arm(&cleanup, &path, &mut readable)).await {
-            Ok(watcher) => watcher,
-            Err(watched) => return watched,
-        };
-        // Only a data watch on the node itself orders its deletion before later events of the
-        // session (see `wait_for_turn`); a directory watch does not.
-        if let Some(set) = &set {
-            set.store(readable, Ordering::SeqCst);
-        }
-        if let Some(watched) = Watched::from_event(watcher.changed().await) {
-            return watched;
+/// An `async` block over the arguments, not an `async fn`, which would keep them twice
+/// (rust-lang/rust#62958).
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+fn watch_once(
+    cleanup: Arc<Cleanup>,
+    path: NodePath,
+    set: Option<Arc<AtomicBool>>,
+) -> impl Future<Output = Watched> + Send + 'static {
+    async move {
+        // A node we may not read (its ACL) cannot be watched: ZooKeeper sends no event about it
+        // to a session without READ. Its directory's children are watched instead.
+        let mut readable = true;
+        loop {
+            let watcher = match Box::pin(async {
+                let path = path.path();
+                tracing::trace!(path = &*path, "setting a data watch");
+                arm(&cleanup, &path, &mut readable).await
+            })
+            .await
+            {
+                Ok(watcher) => watcher,
+                Err(watched) => return watched,
+            };
+            // Only a data watch on the node itself orders its deletion before later events of
+            // the session (see `wait_for_turn`); a directory watch does not.
+            if let Some(set) = &set {
+                set.store(readable, Ordering::SeqCst);
+            }
+            if let Some(watched) = Watched::from_event(watcher.changed().await) {
+                return watched;
+            }
         }
     }
 }
