@@ -386,22 +386,23 @@ mod tests {
     #[test]
     fn a_waiter_is_woken_once_the_node_it_waits_for_is_near_the_head() {
         let view = DirView::of("/view-test/e", &["lock-"], &stat(1));
-        view.merge(&[child(1), child(2), child(3), child(4), child(5)], 5, false);
+        let near = NEAR as i64;
+        let queue: Vec<LockChild> = (1..=near + 3).map(child).collect();
+        view.merge(&queue, near + 3, false);
         let flag = Arc::new(Flag(false.into()));
-        // Waiting for the second node: near at once.
-        assert!(poll_near(&mut view.near(2, 3), &flag).is_ready());
-        // Waiting for the fourth: not yet, and woken only by the deletion that brings it near.
-        let mut fifth = view.near(4, 5);
-        assert!(poll_near(&mut fifth, &flag).is_pending());
-        view.deleted(&child(2));
-        assert!(
-            !flag.0.load(std::sync::atomic::Ordering::SeqCst),
-            "woken while two nodes are still ahead of the fourth"
-        );
-        assert!(poll_near(&mut fifth, &flag).is_pending());
+        let woken = || flag.0.load(std::sync::atomic::Ordering::SeqCst);
+        // Waiting for the NEAR-th node: near at once.
+        assert!(poll_near(&mut view.near(near, near + 1), &flag).is_ready());
+        // Waiting for the one two places further: not yet, and woken only by the deletion that
+        // brings it among the first NEAR.
+        let mut later = view.near(near + 2, near + 3);
+        assert!(poll_near(&mut later, &flag).is_pending());
         view.deleted(&child(1));
-        assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst), "not woken once the fourth node is second");
-        assert!(poll_near(&mut fifth, &flag).is_ready());
+        assert!(!woken(), "woken while the node it waits for is not among the first NEAR");
+        assert!(poll_near(&mut later, &flag).is_pending());
+        view.deleted(&child(2));
+        assert!(woken(), "not woken once the node it waits for is among the first NEAR");
+        assert!(poll_near(&mut later, &flag).is_ready());
         // A waiter dropped before its turn came near leaves nothing behind.
         let mut dropped = view.near(i64::MAX - 1, i64::MAX);
         assert!(poll_near(&mut dropped, &flag).is_pending());
