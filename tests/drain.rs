@@ -210,9 +210,10 @@ async fn thousand_waiters_drain_in_order_without_relisting() {
     assert_requests(&result);
 }
 
-/// The README's heap per queued waiter (Performance; BENCHMARKS.md, Requests), debug build: 4,957–5,197 B
-/// measured on 2026-11-28 (5.2–5.6 KB before the acquire future was made smaller; issue 24 asks 3.1).
-const PUBLISHED_BYTES_PER_WAITER: u64 = 5_200;
+/// The README's heap per queued waiter (Performance; BENCHMARKS.md, Requests), debug build: 3,091 B
+/// (1,000 waiters) and 3,177–3,273 B (10,000) measured on 2026-11-28, thirteenth session (4,957–5,197 B
+/// before deep waiters stopped watching their own nodes; issue 24 asks 3.1).
+const PUBLISHED_BYTES_PER_WAITER: u64 = 3_300;
 /// The README's drain rate, debug build on a 2-core machine.
 const PUBLISHED_HANDOFFS_PER_S: f64 = 1_350.0;
 

@@ -28,9 +28,10 @@
 //!      node; the caller owns it.
 //!    - Not first and not waiting (`try_acquire`): delete our node.
 //!    - Our node is not in the listing: someone deleted it; create a new one.
-//! 4. Wait: merge the listing into the process's view of the directory ([`DirView`]), watch our
-//!    own node and the predecessor the driver names (data watches, not `exists`, which would
-//!    leave a watch behind if the node is already gone). When the predecessor goes, ask the
+//! 4. Wait: merge the listing into the process's view of the directory ([`DirView`]), watch the
+//!    predecessor the driver names and, once it is near the head of the view, our own node (data
+//!    watches, not `exists`, which would leave a watch behind if the node is already gone; a
+//!    grant before our own watch is confirmed reads our node first). When the predecessor goes, ask the
 //!    driver again *from the view*: nodes ahead of ours can only disappear, and every deletion
 //!    seen by any waiter of this process is in the view, so a handoff usually needs no listing
 //!    at all (see `view.rs` for the argument). A node in the view that is in fact gone costs one

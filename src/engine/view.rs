@@ -95,9 +95,15 @@
 //! queue has no use for that watch until its turn comes near, and it costs a request and about
 //! 0.75 KB of memory (issue 24): it is set once the node the waiter waits for is among the first
 //! [`NEAR`] nodes of the view ([`DirView::near`]). Each deletion recorded in the view wakes the
-//! waiters that became near, so a waiter in a queue drained through this process sets its watch
-//! about two handoffs before its turn. The view only decides *when* the watch is set; a grant is
-//! never decided by it: a waiter granted before its watch is confirmed reads its node first.
+//! waiters that became near, so a mutex waiter in a queue drained through this process sets its
+//! watch about two handoffs before its turn. The view only decides *when* the watch is set; a
+//! grant is never decided by it: a waiter granted before its watch is confirmed reads its node
+//! first. That read is the cost where "near" comes late or not at all: a reader waiting for a
+//! writer with three or more nodes ahead of it (granted together when the writer goes), a queue
+//! whose head this process does not see go (stale entries), a fast handoff outrunning the
+//! watch's reply. A waiter deep in the queue whose node someone deletes finds out when its turn
+//! comes near (its watch's reply, or that read), and queues again then — not at once, as when
+//! every waiter watched its own node; Curator's waiters do not watch theirs at all.
 //!
 //! Views are keyed by the directory's path *as the server names it* (the client's chroot
 //! included), creation zxid and creation time (from the stat of the listing), so a directory that

@@ -19,6 +19,7 @@ mod review_af_internals;
 mod review_af_latch;
 mod review_af_timer_panic;
 mod review_ag_release_panic;
+mod review_ah_near_watch;
 mod review_b;
 mod review_d;
 mod review_e_cancel;
