@@ -41,14 +41,6 @@ fn requests_during(before: &BTreeMap<i32, u64>, after: &BTreeMap<i32, u64>) -> B
     by_name
 }
 
-/// How many sessions watch `path`, from the server's `wchp` (watches by path).
-async fn watchers_of(path: &str) -> usize {
-    let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");
-    let mut lines = wchp.lines().skip_while(|line| line.trim() != path);
-    lines.next();
-    lines.take_while(|line| line.starts_with(char::is_whitespace)).count()
-}
-
 /// Serialises the tests of this binary (they measure process-wide numbers).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

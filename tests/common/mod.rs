@@ -326,6 +326,14 @@ pub async fn total_watches() -> usize {
         .expect("a number")
 }
 
+/// How many sessions watch `path`, from the server's `wchp` (watches by path).
+pub async fn watchers_of(path: &str) -> usize {
+    let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");
+    let mut lines = wchp.lines().skip_while(|line| line.trim() != path);
+    lines.next();
+    lines.take_while(|line| line.starts_with(char::is_whitespace)).count()
+}
+
 /// How long a started `LeaderLatch` takes to lead here, on `session` (`start` → `await_leadership`
 /// on a new path): the median of `runs`, for tests that time a close or a drop across a grant.
 pub async fn latch_grant_time(session: &zk::Client, runs: usize) -> Duration {

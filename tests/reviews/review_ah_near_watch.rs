@@ -10,14 +10,6 @@ use common::*;
 use zk_recipes::{InterProcessReadWriteLock, LockState, LossReason};
 use zookeeper_client as zk;
 
-/// How many sessions watch `path`, from the server's `wchp` (watches by path).
-async fn watchers_of(path: &str) -> usize {
-    let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");
-    let mut lines = wchp.lines().skip_while(|line| line.trim() != path);
-    lines.next();
-    lines.take_while(|line| line.starts_with(char::is_whitespace)).count()
-}
-
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn foreign(raw: &zk::Client, path: &str, name: &str) -> String {
