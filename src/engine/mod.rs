@@ -6,7 +6,7 @@
 //!    next — an error, a timeout, the future dropped at any `.await` — the node is deleted.
 //! 2. Create `<dir>/_c_<guid>-lock-` as `EPHEMERAL_SEQUENTIAL` and, pipelined right behind it on
 //!    the same session, list the directory (one listing serves every acquire of the session that
-//!    created at the same moment: [`listing`](crate::listing)). The server answers a session's
+//!    created at the same moment: [`listing`]). The server answers a session's
 //!    requests in order, so the listing already contains our node: an uncontended acquire costs
 //!    one round trip.
 //!    - The directory is missing: create its missing levels as container nodes *together with our
@@ -483,8 +483,8 @@ impl<'l> OnSession<'l> {
                 // boxed — the create (784 B with the listing pipelined behind it), the listing still
                 // to come (672 B), a lock-delay's read and its result (96 B, kept while waiting) — and
                 // so are those off the common path (a listing not shared, a create's retries): the
-                // acquire future is 1,360 B, where it was 1,696 with the create inline
-                // (`-Zprint-type-sizes`, release). (Before a session's creates in flight were bounded,
+                // acquire future was 1,360 B then, where it was 1,696 with the create inline
+                // (`-Zprint-type-sizes`, release; smaller since: BENCHMARKS.md). (Before a session's creates in flight were bounded,
                 // a boxed create left a hole at every grant that the hold's records filled: a burst's
                 // resident memory per held lock went from 3.1 to 4.8 KB. With the window of creates,
                 // at most that many boxes live at once, and the burst's resident memory is unchanged:

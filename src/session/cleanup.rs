@@ -595,8 +595,9 @@ pub(crate) struct NodePrefix {
 }
 
 impl NodePrefix {
-    /// (Offsets as `u32`: a queued waiter keeps two copies of this. A path longer than 4 GiB
-    /// cannot be sent to ZooKeeper; its offsets saturate and it is refused by the server.)
+    /// (Offsets as `u32`: every queued waiter keeps one of these in its pending node. A path
+    /// longer than 4 GiB cannot be sent to ZooKeeper; its offsets saturate, and the server
+    /// refuses it.)
     pub(crate) fn new(dir: &str, protection: &str, lock_name: &str) -> NodePrefix {
         let text: Arc<str> = format!("{dir}/{protection}{lock_name}").into();
         let at = |offset: usize| u32::try_from(offset).unwrap_or(u32::MAX);

@@ -73,7 +73,7 @@ pub(crate) enum Start {
     Nothing,
     /// It was woken: move it off this worker.
     Woken,
-    /// Spawn [`drive`]: no driver runs.
+    /// Spawn `drive`: no driver runs.
     Spawn,
 }
 

@@ -33,7 +33,7 @@ enum Armed {
     Not,
     /// Set once the server confirmed the watch.
     Flag(Arc<AtomicBool>),
-    /// A watch whose confirmation nobody reads ([`watch_node_untracked`]): never armed.
+    /// A watch whose confirmation nobody reads ([`watch_sibling`]): never armed.
     Untracked,
 }
 
