@@ -242,13 +242,10 @@ async fn nodes_deleted_unseen_are_checked_before_a_grant() {
     let path = unique_path("unseen");
     let raw = client().await;
     raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
-    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     // Two "foreign" Curator-style nodes queued ahead of us, not watched by anyone in this process.
     let mut foreign = Vec::new();
     for _ in 0..2 {
-        let (_, seq) = raw.create(&format!("{path}/_c_{}-lock-", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
-        let name = children(&raw, &path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
-        foreign.push(format!("{path}/{name}"));
+        foreign.push(foreign_lock_node(&raw, &path, "lock-").await);
     }
     for order in [[1, 0], [0, 1]] {
         let mutex = InterProcessMutex::new(client().await, &path).unwrap();
@@ -266,10 +263,7 @@ async fn nodes_deleted_unseen_are_checked_before_a_grant() {
         // Queue two new foreign nodes for the next round.
         foreign.clear();
         for _ in 0..2 {
-            let (_, seq) =
-                raw.create(&format!("{path}/_c_{}-lock-", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
-            let name = children(&raw, &path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
-            foreign.push(format!("{path}/{name}"));
+            foreign.push(foreign_lock_node(&raw, &path, "lock-").await);
         }
     }
 }
@@ -288,18 +282,14 @@ async fn a_deep_waiter_watches_its_node_once_its_turn_is_near_and_is_not_granted
     let path = unique_path("deep");
     let raw = client().await;
     raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
-    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     // Foreign Curator-style nodes queued ahead of us: this process sees none of their deletions
     // but through its waiter's watch on its predecessor.
     let queue_foreign = |count: usize| {
-        let (raw, path, ephemeral) = (raw.clone(), path.clone(), ephemeral.clone());
+        let (raw, path) = (raw.clone(), path.clone());
         async move {
             let mut foreign = Vec::new();
             for _ in 0..count {
-                let (_, seq) =
-                    raw.create(&format!("{path}/_c_{}-lock-", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
-                let name = children(&raw, &path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
-                foreign.push(format!("{path}/{name}"));
+                foreign.push(foreign_lock_node(&raw, &path, "lock-").await);
             }
             foreign
         }

@@ -326,6 +326,15 @@ pub async fn total_watches() -> usize {
         .expect("a number")
 }
 
+/// Queues a foreign Curator-style lock node `_c_<uuid>-<lock_name><seq>` in `path` on `raw`'s
+/// session (ephemeral sequential, open ACL); its full path.
+pub async fn foreign_lock_node(raw: &zk::Client, path: &str, lock_name: &str) -> String {
+    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let prefix = format!("{path}/_c_{}-{lock_name}", uuid::Uuid::new_v4());
+    let (_, seq) = raw.create(&prefix, b"", &ephemeral).await.unwrap();
+    format!("{prefix}{seq}")
+}
+
 /// How many sessions watch `path`, from the server's `wchp` (watches by path).
 pub async fn watchers_of(path: &str) -> usize {
     let wchp = zookeeper().await.four_letter_word("wchp").await.expect("wchp");

@@ -12,11 +12,28 @@ use zookeeper_client as zk;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn foreign(raw: &zk::Client, path: &str, name: &str) -> String {
-    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let (_, seq) = raw.create(&format!("{path}/_c_{}-{name}", uuid::Uuid::new_v4()), b"", &ephemeral).await.unwrap();
-    let node = children(raw, path).await.into_iter().find(|c| c.ends_with(&seq.to_string())).unwrap();
-    format!("{path}/{node}")
+/// The reader's queue of both tests: three foreign readers, a foreign writer (fourth, never
+/// "near"), then our reader, waiting with its watch on the writer set. Returns the raw client, the
+/// writer's path, our node's path and the waiting acquire.
+async fn reader_behind_far_writer(
+    name: &str,
+) -> (zk::Client, String, String, tokio::task::JoinHandle<zk_recipes::LockGuard>) {
+    let path = unique_path(name);
+    let raw = client().await;
+    raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    for _ in 0..3 {
+        foreign_lock_node(&raw, &path, "__READ__").await;
+    }
+    let writer = foreign_lock_node(&raw, &path, "__WRIT__").await;
+    let rw = InterProcessReadWriteLock::new(client().await, &path).unwrap();
+    let waiter = tokio::spawn({
+        let read = rw.read_lock();
+        async move { read.acquire().await.unwrap() }
+    });
+    eventually(Duration::from_secs(10), "queued", || async { children(&raw, &path).await.len() == 5 }).await;
+    let ours = format!("{path}/{}", queued_nodes(&raw, &path, "__").await[4]);
+    eventually(Duration::from_secs(10), "watches the writer", || async { watchers_of(&writer).await == 1 }).await;
+    (raw, writer, ours, waiter)
 }
 
 /// A reader waits for the nearest writer, which can be far from the head of the view while only
@@ -27,21 +44,7 @@ async fn foreign(raw: &zk::Client, path: &str, name: &str) -> String {
 async fn reader_behind_far_writer_is_not_granted_with_its_node_gone() {
     init_tracing();
     let _alone = SERIAL.lock().await;
-    let path = unique_path("ah-rw-gone");
-    let raw = client().await;
-    raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
-    for _ in 0..3 {
-        foreign(&raw, &path, "__READ__").await;
-    }
-    let writer = foreign(&raw, &path, "__WRIT__").await;
-    let rw = InterProcessReadWriteLock::new(client().await, &path).unwrap();
-    let waiter = tokio::spawn({
-        let read = rw.read_lock();
-        async move { read.acquire().await.unwrap() }
-    });
-    eventually(Duration::from_secs(10), "queued", || async { children(&raw, &path).await.len() == 5 }).await;
-    let ours = format!("{path}/{}", queued_nodes(&raw, &path, "__").await[4]);
-    eventually(Duration::from_secs(10), "watches the writer", || async { watchers_of(&writer).await == 1 }).await;
+    let (raw, writer, ours, waiter) = reader_behind_far_writer("ah-rw-gone").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(watchers_of(&ours).await, 0, "own node watched though the writer is not near");
     raw.delete(&ours, None).await.unwrap();
@@ -59,21 +62,7 @@ async fn reader_behind_far_writer_is_not_granted_with_its_node_gone() {
 async fn reader_granted_without_watch_still_reports_its_node_deleted() {
     init_tracing();
     let _alone = SERIAL.lock().await;
-    let path = unique_path("ah-rw-held");
-    let raw = client().await;
-    raw.mkdir(&path, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
-    for _ in 0..3 {
-        foreign(&raw, &path, "__READ__").await;
-    }
-    let writer = foreign(&raw, &path, "__WRIT__").await;
-    let rw = InterProcessReadWriteLock::new(client().await, &path).unwrap();
-    let waiter = tokio::spawn({
-        let read = rw.read_lock();
-        async move { read.acquire().await.unwrap() }
-    });
-    eventually(Duration::from_secs(10), "queued", || async { children(&raw, &path).await.len() == 5 }).await;
-    let ours = format!("{path}/{}", queued_nodes(&raw, &path, "__").await[4]);
-    eventually(Duration::from_secs(10), "watches the writer", || async { watchers_of(&writer).await == 1 }).await;
+    let (raw, writer, ours, waiter) = reader_behind_far_writer("ah-rw-held").await;
     raw.delete(&writer, None).await.unwrap();
     let guard = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("granted").unwrap();
     assert_eq!(guard.lock_path(), ours);
